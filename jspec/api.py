@@ -1,0 +1,124 @@
+"""The user's surface: `load` a model by name or directory, `generate` from text prompts."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import generate as _gen
+from jspec import kv_cache
+from jspec.attention import AttnImpl
+from jspec.config import ModelConfig, SamplingConfig
+
+METHODS = ("ar",)
+
+
+@dataclasses.dataclass
+class Model:
+    params: Any
+    cfg: ModelConfig
+    tokenizer: Any
+    path: str
+
+    @property
+    def stop_tokens(self) -> tuple[int, ...]:
+        ids = set(self.cfg.eos_token_ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None:
+            ids.add(int(eos))
+        return tuple(sorted(ids))
+
+
+@dataclasses.dataclass
+class Stats:
+    method: str
+    batch: int
+    prompt_tokens: list[int]
+    new_tokens: list[int]
+    prefill_s: float
+    decode_s: float
+    tokens_per_s: float          # new tokens after the first (which prefill produces) / decode time
+    tau: float = 1.0             # mean tokens emitted per target forward
+    accept_hist: Optional[list[int]] = None
+
+
+@dataclasses.dataclass
+class Output:
+    texts: list[str]
+    tokens: list[list[int]]
+    stats: Stats
+
+
+def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, progress: bool = True) -> Model:
+    """Load a converted checkpoint; a known model name is fetched and converted on first use."""
+    import checkpoints
+    from transformers import AutoTokenizer
+
+    path = checkpoints.resolve(name_or_dir, progress=progress)
+    params, cfg = checkpoints.load(path, dtype=dtype)
+    tok = AutoTokenizer.from_pretrained(f"{path}/tokenizer")
+    return Model(params=params, cfg=cfg, tokenizer=tok, path=path)
+
+
+def encode(model: Model, prompts: Union[str, Sequence[str], Sequence[Sequence[int]]], *, chat: bool = False):
+    """Text (or already-tokenised) prompts -> token lists; `chat` applies the model's chat template."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            if chat:
+                ids = model.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                          add_generation_prompt=True, tokenize=True)
+                ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            else:
+                ids = model.tokenizer.encode(p, add_special_tokens=False)
+        else:
+            ids = [int(t) for t in p]
+        out.append(ids)
+    return out
+
+
+def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
+             capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl()) -> Output:
+    """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
+
+    Returns texts, token lists (stop token included when one was emitted) and timing stats."""
+    if method not in METHODS:
+        raise _gen.InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    ids = encode(model, prompts, chat=chat)
+    lengths = np.array([len(p) for p in ids], np.int32)
+    if capacity is None:
+        capacity = int(-(-(max(lengths.max(initial=1), 1) + max_new_tokens) // 128) * 128)
+    if lengths.max(initial=0) + max_new_tokens > model.cfg.max_position:
+        raise _gen.InputError(f"prompt + new tokens ({int(lengths.max()) + max_new_tokens}) exceed the model's "
+                              f"context of {model.cfg.max_position} positions")
+    _gen.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens,
+                       vocab_size=model.cfg.vocab_size, tokens=np.concatenate([np.asarray(p) for p in ids]))
+    tokens, lengths = _gen.pad_prompts(ids)
+    if tokens.shape[1] > capacity:  # padding must fit too
+        tokens = tokens[:, :capacity]
+    B = len(ids)
+    cache = kv_cache.init(model.cfg, batch=B, capacity=capacity)
+    stops = () if ignore_eos else model.stop_tokens
+
+    t0 = time.perf_counter()
+    logits, cache = _gen.prefill(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache, impl=impl)
+    logits.block_until_ready()
+    t1 = time.perf_counter()
+    out, n_out, _ = _gen.decode(model.params, model.cfg, samp, cache, logits, jax.random.key(seed),
+                                max_new_tokens=max_new_tokens, stop_tokens=stops, impl=impl)
+    out, n_out = np.asarray(out), np.asarray(n_out)
+    t2 = time.perf_counter()
+    toks = [out[b, :n_out[b]].tolist() for b in range(B)]
+    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
+    decoded = int(np.sum(np.maximum(n_out - 1, 0)))
+    stats = Stats(method=method, batch=B, prompt_tokens=lengths.tolist(), new_tokens=n_out.tolist(),
+                  prefill_s=t1 - t0, decode_s=t2 - t1, tokens_per_s=decoded / max(t2 - t1, 1e-9))
+    return Output(texts=texts, tokens=toks, stats=stats)

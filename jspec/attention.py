@@ -1,0 +1,165 @@
+"""Attention over the fixed-capacity cache: one entry point per use, each dispatching to a Pallas kernel
+(`pallas_kernels/`) or to the pure-XLA path here, which is also what runs on CPU.
+
+Convention shared with the kernels: the T query tokens of a call have already been written into the cache
+at slots `kv_len - T .. kv_len - 1` (bottom-right aligned), so query t of row b sees key j iff
+`j <= kv_len[b] - T + t` (chain) or, for a tree, `j < kv_len[b] - T` plus the tree slots its mask allows.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+# Largest f32 logits tensor [B, K, G, Tc, S] the XLA path materialises at once; longer queries (prefill)
+# are processed in chunks of Tc rows so memory stays bounded at any prompt length.
+_XLA_LOGITS_BUDGET = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnImpl:
+    """How attention runs. `backend`: None = Pallas when available, else XLA; "xla"; "pallas"."""
+
+    backend: Optional[str] = None
+    interpret: bool = False
+
+    def __post_init__(self):
+        if self.backend not in (None, "xla", "pallas"):
+            raise ValueError(f"unknown attention backend {self.backend!r}; use None, 'xla' or 'pallas'")
+
+
+def full(q, k, v, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights", impl=AttnImpl()):
+    """Causal (or tree-masked) attention of T new queries over one layer's cache.
+
+    Args:
+      q: [B, T, N, H] queries (RoPE applied).
+      k, v: [B, S, K, H] this layer's cache, the T new entries already written.
+      kv_len: int32[B] valid entries including the T new ones.
+      tree_mask: optional bool[B, T, T]; query i sees tree slot j iff tree_mask[b, i, j].
+      score_rows: static tuple of query rows whose per-key scores are returned (Collect-2-Query).
+      score_mode: "weights" (softmax weights exp(s - lse)) or "logits" (raw scale * q.k).
+    Returns:
+      out [B, T, N, H] (q.dtype), scores f32[B, S] summed over heads and score_rows (None if no rows).
+    """
+    if impl.backend != "xla" and tree_mask is None:
+        try:
+            from pallas_kernels import flash_scores
+            out, _, scores = flash_scores.flash_scores(
+                q, k, v, kv_len, score_rows=score_rows, score_mode=score_mode, interpret=impl.interpret)
+            return out, scores
+        except (ImportError, NotImplementedError):
+            if impl.backend == "pallas":
+                raise
+    if impl.backend != "xla" and tree_mask is not None:
+        try:
+            from pallas_kernels import tree_attention
+            if score_rows:
+                raise NotImplementedError("tree_attention does not emit scores")
+            out, _ = tree_attention.tree_attention(q, k, v, kv_len - q.shape[1], tree_mask, interpret=impl.interpret)
+            return out, None
+        except (ImportError, NotImplementedError):
+            if impl.backend == "pallas":
+                raise
+    return _full_xla(q, k, v, kv_len, tree_mask, score_rows, score_mode)
+
+
+def _full_xla(q, k, v, kv_len, tree_mask, score_rows, score_mode):
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    chunk = max(1, min(T, _XLA_LOGITS_BUDGET // (4 * B * N * S)))
+    if score_rows or tree_mask is not None or chunk >= T:
+        out, scores = _attend_chunk(q, k, v, kv_len, jnp.int32(0), T, tree_mask, score_rows, score_mode)
+        return out, scores
+    # Prefill: bounded memory by mapping over query chunks (padding T up to a multiple of the chunk).
+    n_chunks = -(-T // chunk)
+    qp = jnp.pad(q, ((0, 0), (0, n_chunks * chunk - T), (0, 0), (0, 0)))
+    qc = qp.reshape(B, n_chunks, chunk, N, H).swapaxes(0, 1)
+
+    def one(args):
+        qi, start = args
+        return _attend_chunk(qi, k, v, kv_len, start, T, None, (), score_mode)[0]
+
+    outs = jax.lax.map(one, (qc, jnp.arange(n_chunks, dtype=jnp.int32) * chunk))
+    return outs.swapaxes(0, 1).reshape(B, n_chunks * chunk, N, H)[:, :T], None
+
+
+def _attend_chunk(q, k, v, kv_len, start, T_total, tree_mask, score_rows, score_mode):
+    """Rows start .. start+Tc-1 of a T_total-query block; einsum letters per STYLE.md (G = N / K)."""
+    B, Tc, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G = N // K
+    scale = H ** -0.5
+    qg = q.reshape(B, Tc, K, G, H)
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * scale
+    t = start + jnp.arange(Tc, dtype=jnp.int32)                          # row index within the block
+    j = jnp.arange(S, dtype=jnp.int32)
+    first = (kv_len - T_total)[:, None, None]                            # slot of query row 0
+    if tree_mask is None:
+        visible = j[None, None, :] <= first + t[None, :, None]           # [B, Tc, S]
+    else:
+        rel = j[None, None, :] - first                                   # tree slot index of key j
+        in_tree = (rel >= 0) & (rel < T_total)
+        tm = _tree_lookup(tree_mask, rel, Tc)
+        visible = (rel < 0) | (in_tree & tm)
+    s = jnp.where(visible[:, None, None], s, -jnp.inf)
+    lse = jax.nn.logsumexp(s, axis=-1, keepdims=True)                    # [B, K, G, Tc, 1]
+    p = jnp.exp(s - lse)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = out.reshape(B, Tc, N, H).astype(q.dtype)
+    scores = None
+    if score_rows:
+        rows = jnp.asarray(score_rows, jnp.int32)
+        src = p if score_mode == "weights" else jnp.where(visible[:, None, None], s, 0.0)
+        scores = jnp.sum(src[:, :, :, rows, :], axis=(1, 2, 3))          # [B, S]
+    return out, scores
+
+
+def _tree_lookup(tree_mask, rel, Tc):
+    """tree_mask[b, t, rel[b, 0, j]] for every row t and key j (False outside the tree)."""
+    T = tree_mask.shape[-1]
+    idx = jnp.clip(rel, 0, T - 1)                                         # [B, 1, S]
+    idx = jnp.broadcast_to(idx, (idx.shape[0], Tc, idx.shape[-1]))
+    return jnp.take_along_axis(tree_mask, idx, axis=2)
+
+
+def sparse(q, k, v, kv_len, idx, n_valid, *, impl=AttnImpl()):
+    """Attention of T new queries over the gathered entries idx[b, :n_valid[b]] plus the T newest tokens.
+
+    Args:
+      q: [B, T, N, H]; k, v: [B, S, K, H]; kv_len: int32[B] (including the T new entries);
+      idx: int32[B, M] selected cache positions (all < kv_len - T); n_valid: int32[B].
+    Returns:
+      out [B, T, N, H].
+    """
+    if impl.backend != "xla":
+        try:
+            from pallas_kernels import sparse_attention
+            out, _ = sparse_attention.sparse_attention(q, k, v, idx, n_valid, kv_len, interpret=impl.interpret)
+            return out
+        except (ImportError, NotImplementedError):
+            if impl.backend == "pallas":
+                raise
+    return _sparse_xla(q, k, v, kv_len, idx, n_valid)
+
+
+def _sparse_xla(q, k, v, kv_len, idx, n_valid):
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    G, M = N // K, idx.shape[1]
+    scale = H ** -0.5
+    tail = (kv_len - T)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]  # [B, T] slots of the new tokens
+    pos = jnp.concatenate([idx, tail], axis=1)                           # [B, M + T]
+    kg = jnp.take_along_axis(k, pos[:, :, None, None], axis=1)
+    vg = jnp.take_along_axis(v, pos[:, :, None, None], axis=1)
+    qg = q.reshape(B, T, K, G, H)
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, kg, preferred_element_type=jnp.float32) * scale
+    c = jnp.arange(M + T, dtype=jnp.int32)
+    t = jnp.arange(T, dtype=jnp.int32)
+    sel_ok = (c[None, None, :] < n_valid[:, None, None]) & (c[None, None, :] < M)
+    tail_ok = (c[None, None, :] >= M) & (c[None, None, :] - M <= t[None, :, None])
+    s = jnp.where((sel_ok | tail_ok)[:, None, None], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", p.astype(vg.dtype), vg, preferred_element_type=jnp.float32)
+    return out.reshape(B, T, N, H).astype(q.dtype)

@@ -1,0 +1,114 @@
+"""Plain autoregressive decoding: a jitted prefill and one jitted `lax.while_loop` that decodes every
+sequence of the batch until it emits a stop token or reaches `max_new_tokens`, with no host sync per step.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jspec import kv_cache, model, sampling
+from jspec.attention import AttnImpl
+from jspec.config import ModelConfig, SamplingConfig
+
+
+class InputError(ValueError):
+    """A request that cannot be served as asked (empty prompt, prompt longer than the cache, ...)."""
+
+
+def check_request(lengths, *, capacity: int, max_new_tokens: int, vocab_size: int, tokens=None):
+    """Host-side validation with messages a user can act on. lengths: per-sequence prompt lengths."""
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        raise InputError("no prompts given")
+    if (lengths <= 0).any():
+        raise InputError(f"prompt {int(np.argmin(lengths))} is empty: every prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise InputError(f"{max_new_tokens=} must be >= 1")
+    need = int(lengths.max()) + max_new_tokens
+    if need > capacity:
+        raise InputError(
+            f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens needs {need} cache slots, "
+            f"but the cache holds {capacity}; shorten the prompt, lower max_new_tokens or raise the capacity")
+    if tokens is not None:
+        bad = (np.asarray(tokens) < 0) | (np.asarray(tokens) >= vocab_size)
+        if bad.any():
+            raise InputError(f"token ids must lie in [0, {vocab_size}); got {int(np.asarray(tokens)[bad][0])}")
+
+
+def pad_prompts(prompts: list[list[int]], multiple: int = 64):
+    """Right-pad token lists to one [B, T] int32 array (T rounded up to limit recompiles) + lengths."""
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    T = max(1, int(-(-lengths.max() // multiple) * multiple)) if len(prompts) else 1
+    tokens = np.zeros((len(prompts), T), np.int32)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = p
+    return tokens, lengths
+
+
+def next_token(logits, samp: SamplingConfig, key):
+    """Greedy is its own branch (argmax); otherwise process (temperature/top-k/top-p) then draw."""
+    if samp.greedy:
+        return sampling.greedy(logits)
+    return sampling.draw(sampling.process_logits(logits, samp), key)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "impl"), donate_argnames=("cache",))
+def prefill(params, cfg: ModelConfig, tokens, lengths, cache: kv_cache.KVCache, impl: AttnImpl = AttnImpl()):
+    """Write right-padded prompts [B, T] (real lengths `lengths`) into an empty cache.
+
+    Returns the logits of each prompt's last token f32[B, V] and the cache."""
+    logits, cache, _ = model.forward(params, cfg, tokens, cache, n_new=lengths,
+                                     logits_at=(lengths - 1)[:, None], impl=impl)
+    return logits[:, 0], cache
+
+
+@struct.dataclass
+class _State:
+    step: jax.Array      # scalar int32: tokens emitted so far (per row, at most)
+    cache: kv_cache.KVCache
+    cur: jax.Array       # int32[B] last emitted token
+    out: jax.Array       # int32[B, max_new]
+    n_out: jax.Array     # int32[B]
+    done: jax.Array      # bool[B]
+    key: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "samp", "max_new_tokens", "stop_tokens", "impl"),
+                   donate_argnames=("cache",))
+def decode(params, cfg: ModelConfig, samp: SamplingConfig, cache: kv_cache.KVCache, first_logits, key, *,
+           max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl()):
+    """Decode after `prefill`. Returns (tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], cache).
+
+    A row stops after emitting a stop token (which is kept) or `max_new_tokens`; finished rows still ride
+    along in the batch (static shapes) but their cache lengths no longer move."""
+    B = first_logits.shape[0]
+    key, sub = jax.random.split(key)
+    first = next_token(first_logits, samp, sub)
+    stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+    is_stop = lambda t: jnp.any(t[:, None] == stops[None], axis=1)
+    out = jnp.full((B, max_new_tokens), -1, jnp.int32).at[:, 0].set(first)
+    st = _State(step=jnp.int32(1), cache=cache, cur=first, out=out, n_out=jnp.ones((B,), jnp.int32),
+                done=is_stop(first) | (max_new_tokens <= 1), key=key)
+
+    def cond(st):
+        return (st.step < max_new_tokens) & ~jnp.all(st.done)
+
+    def body(st):
+        key, sub = jax.random.split(st.key)
+        old = st.cache.lengths
+        logits, cache, _ = model.forward(params, cfg, st.cur[:, None], st.cache, impl=impl)
+        cache = cache.replace(lengths=jnp.where(st.done, old, cache.lengths))
+        tok = next_token(logits[:, 0], samp, sub)
+        tok = jnp.where(st.done, -1, tok)
+        out = st.out.at[:, st.step].set(tok)
+        n_out = st.n_out + (~st.done).astype(jnp.int32)
+        done = st.done | is_stop(tok) | (n_out >= max_new_tokens)
+        return _State(step=st.step + 1, cache=cache, cur=jnp.maximum(tok, 0), out=out, n_out=n_out, done=done,
+                      key=key)
+
+    st = jax.lax.while_loop(cond, body, st)
+    return st.out, st.n_out, st.cache

@@ -1,0 +1,160 @@
+"""One functional forward for the Llama family (Llama 3.x, SmolLM2), Qwen2/2.5 and Qwen3.
+
+The same call serves prefill (T = prompt), one-token decode (T = 1), chain verification (T = gamma + 1),
+tree verification (`tree=`) and sparse self-drafting (`sparse=`): only the attention inputs differ.
+Layers are stacked and run with `lax.scan`; the whole KV cache rides in the scan carry and is updated in
+place by scatter (passing per-layer slices as scan inputs/outputs would rewrite the whole cache each step).
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import attention, kv_cache
+from jspec.attention import AttnImpl
+from jspec.config import ModelConfig
+
+
+class Tree(NamedTuple):
+    """Tree verification inputs: node depth (RoPE offset from the first node) and ancestor-or-self mask."""
+
+    depth: jax.Array   # int32[B, T]
+    mask: jax.Array    # bool[B, T, T]
+
+
+class Sparse(NamedTuple):
+    """Per-layer KV selections for sparse drafting (shared by the heads of a layer)."""
+
+    idx: jax.Array      # int32[L, B, M]
+    n_valid: jax.Array  # int32[L, B]
+
+
+def rms_norm(x, w, eps):
+    """RMSNorm in float32, result in x.dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies [H/2] (float32, as Hugging Face computes them), with Llama 3 scaling."""
+    H = cfg.head_dim
+    inv = (1.0 / (cfg.rope_theta ** (np.arange(0, H, 2, dtype=np.int64).astype(np.float32) / H))).astype(np.float32)
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv
+    low_wavelen = rs.original_max_position / rs.low_freq_factor
+    high_wavelen = rs.original_max_position / rs.high_freq_factor
+    wavelen = 2 * np.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope(x, positions, cfg: ModelConfig):
+    """Rotary embedding, "rotate half" convention. x: [B, T, heads, H]; positions: int32[B, T]."""
+    ang = positions.astype(jnp.float32)[:, :, None] * jnp.asarray(_inv_freq(cfg))[None, None, :]
+    cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
+            tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
+            score_mode: str = "weights", impl: AttnImpl = AttnImpl()):
+    """Run T new tokens per sequence through the model, appending their K/V to the cache.
+
+    Args:
+      params: parameter pytree (layout in config.py).
+      tokens: int32[B, T]; row b's tokens go to slots cache.lengths[b] + t.
+      cache: the KV cache; its lengths advance by `n_new` (default T; a ragged prefill passes the real
+        per-row counts and right-pads the rest, whose entries then lie beyond the new lengths).
+      logits_at: optional int32[B, R] row indices into T whose logits to return (prefill asks for the last
+        real token only, so no [B, T, V] tensor is ever built); default all T.
+      tree: tree verification inputs (positions = lengths + depth, masked attention among the T nodes).
+      sparse: per-layer selections: attend over those entries plus the T new tokens (self-drafting).
+      score_rows / score_mode: collect per-layer scores of these query rows (see attention.full).
+    Returns:
+      logits f32[B, R or T, V], the updated cache, and aux: {"scores": f32[L, B, S]} when score_rows.
+    """
+    B, T = tokens.shape
+    start = cache.lengths
+    offs = tree.depth if tree is not None else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    positions = start[:, None] + offs
+    slots = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    kv_len = start + T
+    eps = cfg.norm_eps
+    x = params["embed"][tokens]
+
+    def layer(carry, inputs):
+        x, k_all, v_all = carry
+        p, i = inputs
+        h = rms_norm(x, p["attn_norm"], eps)
+        q = jnp.einsum("BTD,DNH->BTNH", h, p["wq"])
+        k = jnp.einsum("BTD,DKH->BTKH", h, p["wk"])
+        v = jnp.einsum("BTD,DKH->BTKH", h, p["wv"])
+        if cfg.qkv_bias:
+            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+        if cfg.qk_norm:  # Qwen3 normalises each head before RoPE
+            q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+        q, k = rope(q, positions, cfg), rope(k, positions, cfg)
+        k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
+        k_l, v_l = k_all[i], v_all[i]
+        scores = None
+        if sparse is not None:
+            o = attention.sparse(q, k_l, v_l, kv_len, sparse.idx[i], sparse.n_valid[i], impl=impl)
+        else:
+            o, scores = attention.full(q, k_l, v_l, kv_len, tree_mask=None if tree is None else tree.mask,
+                                       score_rows=score_rows, score_mode=score_mode, impl=impl)
+        x = x + jnp.einsum("BTNH,NHD->BTD", o.astype(x.dtype), p["wo"])
+        h = rms_norm(x, p["mlp_norm"], eps)
+        g = jnp.einsum("BTD,DF->BTF", h, p["w_gate"])
+        u = jnp.einsum("BTD,DF->BTF", h, p["w_up"])
+        x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(g) * u, p["w_down"])
+        return (x, k_all, v_all), scores
+
+    idx = jnp.arange(cfg.n_layers, dtype=jnp.int32)
+    (x, k_all, v_all), scores = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], idx))
+    if logits_at is not None:
+        x = jnp.take_along_axis(x, logits_at[:, :, None], axis=1)
+    x = rms_norm(x, params["final_norm"], eps)
+    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
+    n_new = jnp.full((B,), T, jnp.int32) if n_new is None else n_new.astype(jnp.int32)
+    cache = kv_cache.KVCache(k=k_all, v=v_all, lengths=start + n_new)
+    aux = {"scores": scores} if score_rows else {}
+    return logits, cache, aux
+
+
+def init_params(cfg: ModelConfig, key, *, scale: float = 0.02, dtype=None):
+    """Random parameters in the model's layout (speed work on the big presets; tests on tiny configs)."""
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    L, D, N, K, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                           cfg.ffn_dim, cfg.vocab_size)
+    shapes = {"wq": (L, D, N, H), "wk": (L, D, K, H), "wv": (L, D, K, H), "wo": (L, N, H, D),
+              "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D)}
+    if cfg.qkv_bias:
+        shapes.update(bq=(L, N, H), bk=(L, K, H), bv=(L, K, H))
+    keys = iter(jax.random.split(key, len(shapes) + 8))
+    layers = {n: (scale * jax.random.normal(next(keys), s, jnp.float32)).astype(dtype) for n, s in shapes.items()}
+    norms = ["attn_norm", "mlp_norm"] + (["q_norm", "k_norm"] if cfg.qk_norm else [])
+    for n in norms:
+        size = H if n in ("q_norm", "k_norm") else D
+        layers[n] = (1.0 + 0.1 * jax.random.normal(next(keys), (L, size), jnp.float32)).astype(dtype)
+    params = {"embed": (scale * jax.random.normal(next(keys), (V, D), jnp.float32)).astype(dtype),
+              "final_norm": jnp.ones((D,), dtype), "layers": layers}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = (scale * jax.random.normal(next(keys), (D, V), jnp.float32)).astype(dtype)
+    return params
+
+
+def param_bytes(params) -> int:
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(params))
