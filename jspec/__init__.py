@@ -2,7 +2,7 @@
 from jspec.api import Model, Output, Stats, encode, generate, load
 from jspec.attention import AttnImpl
 from jspec.config import PRESETS, ModelConfig, RopeScaling, SamplingConfig, preset
-from jspec.generate import InputError
+from jspec.decoding import InputError
 
 __all__ = ["AttnImpl", "InputError", "Model", "ModelConfig", "Output", "PRESETS", "RopeScaling",
            "SamplingConfig", "Stats", "encode", "generate", "load", "preset"]

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import generate as _gen
+from jspec import decoding as _gen
 from jspec import kv_cache
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig

