@@ -20,13 +20,8 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens
 
 def write_gguf_tokenizer(tokenizer_info: dict, out_dir: str) -> None:
     """Write tokenizer.json / tokenizer_config.json (with the chat template) from `read_gguf`'s tokenizer_info."""
-    try:
-        from transformers import PreTrainedTokenizerFast
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-            _SPECIAL_TOKENS, GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer)
-    except ImportError as e:  # transformers moved its GGUF helpers: this module needs updating
-        raise CheckpointError(f"cannot build a tokenizer from GGUF metadata with this transformers version "
-                              f"({e}); pin the transformers version from pyproject.toml") from e
+    from transformers import PreTrainedTokenizerFast
+    GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer = _gguf_helpers()
     fields, arch = tokenizer_info["fields"], tokenizer_info["architecture"]
     # The same grouping transformers' get_gguf_tokenizer does, minus its torch-based file reader.
     groups = {group: {name: _plain(fields[f"tokenizer.{key}"]) for key, name in renames.items()
@@ -55,6 +50,27 @@ def write_gguf_tokenizer(tokenizer_info: dict, out_dir: str) -> None:
         config.setdefault("chat_template", template)
         with open(path, "w") as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
+
+
+# The GGUF metadata keys of the special tokens (the same table transformers keeps privately).
+_SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+                   "pad_token": "padding_token_id"}
+
+
+def _gguf_helpers():
+    """transformers' torch-free GGUF tokenizer helpers; their module moved between releases."""
+    for mod in ("transformers.integrations.gguf.gguf_tokenizer_mapping", "transformers.integrations.ggml",
+                "transformers.modeling_gguf_pytorch_utils"):
+        try:
+            m = __import__(mod, fromlist=["GGUF_TOKENIZER_MAPPING", "convert_gguf_tokenizer"])
+            mapping = getattr(m, "GGUF_TOKENIZER_MAPPING", None)
+            if mapping is None:
+                mapping = __import__("transformers.integrations.ggml", fromlist=["x"]).GGUF_TOKENIZER_MAPPING
+            return mapping, m.convert_gguf_tokenizer
+        except (ImportError, AttributeError):
+            continue
+    raise CheckpointError("cannot build a tokenizer from GGUF metadata with this transformers version (its GGUF "
+                          "tokenizer helpers were not found); install the version pinned in pyproject.toml")
 
 
 def copy_hf_tokenizer(src_dir: str, out_dir: str) -> bool:

@@ -45,7 +45,7 @@ def full(q, k, v, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights"
     """
     if impl.backend != "xla" and tree_mask is None:
         try:
-            from pallas_kernels import flash_scores
+            import pallas_kernels.flash_scores as flash_scores
             out, _, scores = flash_scores.flash_scores(
                 q, k, v, kv_len, score_rows=score_rows, score_mode=score_mode, interpret=impl.interpret)
             return out, scores
@@ -54,7 +54,7 @@ def full(q, k, v, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights"
                 raise
     if impl.backend != "xla" and tree_mask is not None:
         try:
-            from pallas_kernels import tree_attention
+            import pallas_kernels.tree_attention as tree_attention
             if score_rows:
                 raise NotImplementedError("tree_attention does not emit scores")
             out, _ = tree_attention.tree_attention(q, k, v, kv_len - q.shape[1], tree_mask, interpret=impl.interpret)
@@ -135,7 +135,7 @@ def sparse(q, k, v, kv_len, idx, n_valid, *, impl=AttnImpl()):
     """
     if impl.backend != "xla":
         try:
-            from pallas_kernels import sparse_attention
+            import pallas_kernels.sparse_attention as sparse_attention
             out, _ = sparse_attention.sparse_attention(q, k, v, idx, n_valid, kv_len, interpret=impl.interpret)
             return out
         except (ImportError, NotImplementedError):

