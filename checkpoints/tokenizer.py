@@ -38,7 +38,7 @@ def write_gguf_tokenizer(tokenizer_info: dict, out_dir: str) -> None:
         backend, extra = convert_gguf_tokenizer(arch, tok_dict)
     except (ValueError, KeyError) as e:
         raise CheckpointError(f"cannot build a tokenizer from this GGUF file: {e}") from e
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tok_config, **extra)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **{**tok_config, **extra})
     tokenizer.save_pretrained(out_dir)
     # transformers 5 writes the template to chat_template.jinja; keep a copy in tokenizer_config.json for
     # readers that only look there (older transformers, other runtimes).
