@@ -18,6 +18,12 @@ import jax.numpy as jnp
 _XLA_LOGITS_BUDGET = 1 << 30
 
 
+def _kernel_module(name: str):
+    """pallas_kernels.<name> as a module (the package re-exports same-named functions over them)."""
+    import importlib
+    return importlib.import_module(f"pallas_kernels.{name}")
+
+
 @dataclasses.dataclass(frozen=True)
 class AttnImpl:
     """How attention runs. `backend`: None = Pallas when available, else XLA; "xla"; "pallas"."""
@@ -30,12 +36,14 @@ class AttnImpl:
             raise ValueError(f"unknown attention backend {self.backend!r}; use None, 'xla' or 'pallas'")
 
 
-def full(q, k, v, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights", impl=AttnImpl()):
+def full(q, k_all, v_all, layer: int, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights",
+         impl=AttnImpl()):
     """Causal (or tree-masked) attention of T new queries over one layer's cache.
 
     Args:
       q: [B, T, N, H] queries (RoPE applied).
-      k, v: [B, S, K, H] this layer's cache, the T new entries already written.
+      k_all, v_all: [L, B, S, K, H] the stacked cache, the T new entries already written.
+      layer: static layer index (kernels read that layer in place).
       kv_len: int32[B] valid entries including the T new ones.
       tree_mask: optional bool[B, T, T]; query i sees tree slot j iff tree_mask[b, i, j].
       score_rows: static tuple of query rows whose per-key scores are returned (Collect-2-Query).
@@ -43,9 +51,10 @@ def full(q, k, v, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights"
     Returns:
       out [B, T, N, H] (q.dtype), scores f32[B, S] summed over heads and score_rows (None if no rows).
     """
+    k, v = k_all[layer], v_all[layer]
     if impl.backend != "xla" and tree_mask is None:
         try:
-            import pallas_kernels.flash_scores as flash_scores
+            flash_scores = _kernel_module("flash_scores")
             out, _, scores = flash_scores.flash_scores(
                 q, k, v, kv_len, score_rows=score_rows, score_mode=score_mode, interpret=impl.interpret)
             return out, scores
@@ -54,7 +63,7 @@ def full(q, k, v, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights"
                 raise
     if impl.backend != "xla" and tree_mask is not None:
         try:
-            import pallas_kernels.tree_attention as tree_attention
+            tree_attention = _kernel_module("tree_attention")
             if score_rows:
                 raise NotImplementedError("tree_attention does not emit scores")
             out, _ = tree_attention.tree_attention(q, k, v, kv_len - q.shape[1], tree_mask, interpret=impl.interpret)
@@ -124,18 +133,20 @@ def _tree_lookup(tree_mask, rel, Tc):
     return jnp.take_along_axis(tree_mask, idx, axis=2)
 
 
-def sparse(q, k, v, kv_len, idx, n_valid, *, impl=AttnImpl()):
+def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()):
     """Attention of T new queries over the gathered entries idx[b, :n_valid[b]] plus the T newest tokens.
 
     Args:
-      q: [B, T, N, H]; k, v: [B, S, K, H]; kv_len: int32[B] (including the T new entries);
+      q: [B, T, N, H]; k_all, v_all: [L, B, S, K, H]; layer: static layer index;
+      kv_len: int32[B] (including the T new entries);
       idx: int32[B, M] selected cache positions (all < kv_len - T); n_valid: int32[B].
     Returns:
       out [B, T, N, H].
     """
+    k, v = k_all[layer], v_all[layer]
     if impl.backend != "xla":
         try:
-            import pallas_kernels.sparse_attention as sparse_attention
+            sparse_attention = _kernel_module("sparse_attention")
             out, _ = sparse_attention.sparse_attention(q, k, v, idx, n_valid, kv_len, interpret=impl.interpret)
             return out
         except (ImportError, NotImplementedError):

@@ -2,8 +2,12 @@
 
 The same call serves prefill (T = prompt), one-token decode (T = 1), chain verification (T = gamma + 1),
 tree verification (`tree=`) and sparse self-drafting (`sparse=`): only the attention inputs differ.
-Layers are stacked and run with `lax.scan`; the whole KV cache rides in the scan carry and is updated in
-place by scatter (passing per-layer slices as scan inputs/outputs would rewrite the whole cache each step).
+Parameters are stacked on a leading layer axis, but the layer loop is unrolled in Python with a static layer
+index, for two measured reasons (bench/results/ar_decode_h200_xla.json, README "Performance notes"): a
+`lax.scan` over layers is a device while-loop whose per-iteration overhead dominated small-batch decoding
+on the H200, and a static index lets the Pallas kernels read layer i's K/V straight out of the stacked
+cache (a BlockSpec offset) instead of XLA materialising a per-layer copy for the custom call. The cache
+is updated in place by scatter into the stacked buffers (donated by the jitted callers).
 """
 from __future__ import annotations
 
@@ -94,9 +98,10 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     eps = cfg.norm_eps
     x = params["embed"][tokens]
 
-    def layer(carry, inputs):
-        x, k_all, v_all = carry
-        p, i = inputs
+    k_all, v_all = cache.k, cache.v
+    all_scores = []
+    for i in range(cfg.n_layers):
+        p = jax.tree.map(lambda w: w[i], params["layers"])
         h = rms_norm(x, p["attn_norm"], eps)
         q = jnp.einsum("BTD,DNH->BTNH", h, p["wq"])
         k = jnp.einsum("BTD,DKH->BTKH", h, p["wk"])
@@ -107,22 +112,18 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
             q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
         q, k = rope(q, positions, cfg), rope(k, positions, cfg)
         k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
-        k_l, v_l = k_all[i], v_all[i]
-        scores = None
         if sparse is not None:
-            o = attention.sparse(q, k_l, v_l, kv_len, sparse.idx[i], sparse.n_valid[i], impl=impl)
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx[i], sparse.n_valid[i], impl=impl)
         else:
-            o, scores = attention.full(q, k_l, v_l, kv_len, tree_mask=None if tree is None else tree.mask,
+            o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
                                        score_rows=score_rows, score_mode=score_mode, impl=impl)
+            all_scores.append(scores)
         x = x + jnp.einsum("BTNH,NHD->BTD", o.astype(x.dtype), p["wo"])
         h = rms_norm(x, p["mlp_norm"], eps)
         g = jnp.einsum("BTD,DF->BTF", h, p["w_gate"])
         u = jnp.einsum("BTD,DF->BTF", h, p["w_up"])
         x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(g) * u, p["w_down"])
-        return (x, k_all, v_all), scores
 
-    idx = jnp.arange(cfg.n_layers, dtype=jnp.int32)
-    (x, k_all, v_all), scores = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], idx))
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, :, None], axis=1)
     x = rms_norm(x, params["final_norm"], eps)
@@ -130,7 +131,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
     n_new = jnp.full((B,), T, jnp.int32) if n_new is None else n_new.astype(jnp.int32)
     cache = kv_cache.KVCache(k=k_all, v=v_all, lengths=start + n_new)
-    aux = {"scores": scores} if score_rows else {}
+    aux = {"scores": jnp.stack(all_scores)} if score_rows and sparse is None else {}
     return logits, cache, aux
 
 
