@@ -1,0 +1,75 @@
+"""The user's surface on the real default model: generate, chat, and every bad input's clear error."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import jspec
+from jspec import cli
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_ckpt):
+    return jspec.load(smollm2_ckpt)
+
+
+def test_generate_greedy_ragged_batch_is_per_sequence(smol):
+    prompts = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"]
+    both = jspec.generate(smol, prompts, max_new_tokens=12)
+    for i, p in enumerate(prompts):
+        alone = jspec.generate(smol, [p], max_new_tokens=12)
+        assert both.tokens[i] == alone.tokens[0]
+    assert both.stats.batch == 2 and both.stats.tokens_per_s > 0
+    assert all(1 <= n <= 12 for n in both.stats.new_tokens)
+    assert isinstance(both.texts[1], str) and both.texts[1]
+
+
+def test_chat_template_and_stop_token(smol):
+    out = jspec.generate(smol, "What is 2+2? Answer with one word.", chat=True, max_new_tokens=48)
+    toks = out.tokens[0]
+    # An instruct model answers and ends its turn: the stop token is kept and nothing follows it.
+    if any(t in smol.stop_tokens for t in toks):
+        assert toks[-1] in smol.stop_tokens and sum(t in smol.stop_tokens for t in toks) == 1
+    assert out.texts[0].strip()
+
+
+def test_sampling_is_seeded(smol):
+    kw = dict(max_new_tokens=10, temperature=0.9, top_p=0.95, top_k=50)
+    a = jspec.generate(smol, "Once upon a time", seed=1, **kw).tokens
+    b = jspec.generate(smol, "Once upon a time", seed=1, **kw).tokens
+    assert a == b
+
+
+def test_bad_inputs_give_clear_errors(smol):
+    with pytest.raises(jspec.InputError, match="empty"):
+        jspec.generate(smol, [""], max_new_tokens=4)
+    with pytest.raises(jspec.InputError, match="cache holds 64"):
+        jspec.generate(smol, "word " * 100, max_new_tokens=8, capacity=64)
+    with pytest.raises(jspec.InputError, match="context of 8192"):
+        jspec.generate(smol, [[5] * 8190], max_new_tokens=8)
+    with pytest.raises(jspec.InputError, match="unknown method"):
+        jspec.generate(smol, "hi", method="nope")
+    with pytest.raises(jspec.InputError, match=r"\[0, 49152\)"):
+        jspec.generate(smol, [[1, 2, 99999]], max_new_tokens=2)
+
+
+def test_cli_reports_errors_without_a_trace(tmp_path, capsys):
+    rc = cli.main(["generate", "--model", str(tmp_path / "missing"), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error:") and "Traceback" not in err
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    rc = cli.main(["convert", "--from-gguf", str(bad), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error:")
+    assert not os.path.exists(tmp_path / "out")
+    assert [p for p in os.listdir(tmp_path) if p not in ("bad.gguf",)] == []
+
+
+def test_cli_generate_json(smollm2_ckpt, capsys):
+    rc = cli.main(["generate", "--model", smollm2_ckpt, "--prompt", "Hello", "--max-new-tokens", "5", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(out["tokens"][0]) == 5 or out["tokens"][0][-1] in (2,)
+    assert out["stats"]["method"] == "ar"
