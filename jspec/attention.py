@@ -51,26 +51,22 @@ def full(q, k_all, v_all, layer: int, kv_len, *, tree_mask=None, score_rows=(), 
     Returns:
       out [B, T, N, H] (q.dtype), scores f32[B, S] summed over heads and score_rows (None if no rows).
     """
-    k, v = k_all[layer], v_all[layer]
-    if impl.backend != "xla" and tree_mask is None:
-        try:
-            flash_scores = _kernel_module("flash_scores")
-            out, _, scores = flash_scores.flash_scores(
-                q, k, v, kv_len, score_rows=score_rows, score_mode=score_mode, interpret=impl.interpret)
-            return out, scores
-        except (ImportError, NotImplementedError):
-            if impl.backend == "pallas":
-                raise
-    if impl.backend != "xla" and tree_mask is not None:
-        try:
-            tree_attention = _kernel_module("tree_attention")
+    if impl.backend != "xla":
+        try:  # kernels read layer `layer` of the stacked cache in place (no per-layer copy)
+            if tree_mask is None:
+                out, _, scores = _kernel_module("flash_scores").flash_scores_kernel(
+                    q, k_all, v_all, kv_len, score_rows=tuple(score_rows), score_mode=score_mode,
+                    interpret=impl.interpret, layer=layer)
+                return out, scores
             if score_rows:
                 raise NotImplementedError("tree_attention does not emit scores")
-            out, _ = tree_attention.tree_attention(q, k, v, kv_len - q.shape[1], tree_mask, interpret=impl.interpret)
+            out, _ = _kernel_module("tree_attention").tree_attention_kernel(
+                q, k_all, v_all, kv_len - q.shape[1], tree_mask, interpret=impl.interpret, layer=layer)
             return out, None
-        except (ImportError, NotImplementedError):
+        except NotImplementedError:
             if impl.backend == "pallas":
                 raise
+    k, v = k_all[layer], v_all[layer]
     return _full_xla(q, k, v, kv_len, tree_mask, score_rows, score_mode)
 
 
@@ -143,15 +139,15 @@ def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()
     Returns:
       out [B, T, N, H].
     """
-    k, v = k_all[layer], v_all[layer]
     if impl.backend != "xla":
         try:
-            sparse_attention = _kernel_module("sparse_attention")
-            out, _ = sparse_attention.sparse_attention(q, k, v, idx, n_valid, kv_len, interpret=impl.interpret)
+            out, _ = _kernel_module("sparse_attention").sparse_attention_kernel(
+                q, k_all, v_all, idx, n_valid, kv_len, interpret=impl.interpret, layer=layer)
             return out
-        except (ImportError, NotImplementedError):
+        except NotImplementedError:
             if impl.backend == "pallas":
                 raise
+    k, v = k_all[layer], v_all[layer]
     return _sparse_xla(q, k, v, kv_len, idx, n_valid)
 
 

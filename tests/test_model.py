@@ -220,3 +220,32 @@ def test_full_size_presets_trace_with_eval_shape():
         logits, new_cache, _ = jax.eval_shape(lambda p, t, c: model.forward(p, cfg, t, c), params, toks, cache)
         assert logits.shape == (2, 4, cfg.vocab_size), name
         assert new_cache.k.shape == (cfg.n_layers, 2, 256, cfg.n_kv_heads, cfg.head_dim)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_pallas_interpret_path_matches_xla_in_the_model(arch):
+    """The model wired to the Pallas kernels (interpret mode, stacked cache read in place) equals XLA:
+    prefill, decode, chain verify with Collect-2-Query scores, tree verify and sparse drafting."""
+    from jspec.attention import AttnImpl
+    cfg = tiny(arch, head_dim=64, n_heads=6, n_kv_heads=2, d_model=96, n_layers=2)
+    params = _params(cfg, 21)
+    pal, xla = AttnImpl(backend="pallas", interpret=True), AttnImpl(backend="xla")
+    toks = jax.random.randint(jax.random.key(9), (2, 24), 0, cfg.vocab_size)
+    res = {}
+    for name, impl in (("pallas", pal), ("xla", xla)):
+        cache = kv_cache.init(cfg, batch=2, capacity=40)
+        a, cache, _ = model.forward(params, cfg, toks[:, :16], cache, impl=impl)
+        b, cache, _ = model.forward(params, cfg, toks[:, 16:17], cache, impl=impl)
+        c, cache2, aux = model.forward(params, cfg, toks[:, 17:22], cache, score_rows=(1, 4), impl=impl)
+        T = 5
+        tree = model.Tree(depth=jnp.broadcast_to(jnp.array([0, 1, 1, 2, 2], jnp.int32), (2, T)),
+                          mask=jnp.broadcast_to(jnp.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                                                           [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], bool), (2, T, T)))
+        d, _, _ = model.forward(params, cfg, toks[:, 17:22], cache, tree=tree, impl=impl)
+        L, M = cfg.n_layers, 8
+        idx = jnp.broadcast_to(jnp.array([0, 2, 3, 5, 8, 9, 12, 15], jnp.int32), (L, 2, M))
+        sp = model.Sparse(idx=idx, n_valid=jnp.array([[8, 5]] * L, jnp.int32))
+        e, _, _ = model.forward(params, cfg, toks[:, 17:18], cache, sparse=sp, impl=impl)
+        res[name] = (a, b, c, aux["scores"], d, e)
+    for got, want in zip(res["pallas"], res["xla"]):
+        np.testing.assert_allclose(got, want, atol=2e-4, rtol=2e-4)

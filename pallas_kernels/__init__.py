@@ -1,0 +1,50 @@
+"""Pallas GPU (Triton lowering) attention kernels for long-context speculative decoding.
+
+Three ops, each as `op` (dispatcher), `op_kernel` (Pallas) and `op_reference` (pure-jnp f32), all with the
+same arguments:
+
+    flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights")  -> out, lse, scores | None
+    sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True)         -> out, lse
+    tree_attention(q, k, v, prefix_len, tree_mask)                        -> out, lse
+
+Layouts: q [B,T,N,H]; k, v [B,S,K,H] (one layer of the cache, bf16 or f32); GQA with G = N/K query heads
+per KV head (query head n reads KV head n // G); lse [B,N,T] float32 in natural log (JAX's own flash
+residual is base 2). Supported everywhere: head_dim 64 or 128, any N % K == 0 (tested G = 1..8). Every
+op also takes `layer=`: k, v are then the stacked [L,B,S,K,H] cache and the kernel reads that layer in
+place instead of receiving a k_all[layer] copy.
+
+`implementation`: "pallas" runs the kernel (NotImplementedError when unsupported, e.g. on a CPU backend
+without interpret=True), "xla" the reference, None (default) the kernel with fallback to the reference,
+so the library runs on every backend.
+"""
+from ._common import SUPPORTED_HEAD_DIMS, BlockSizes, merge_partials
+from .flash_scores import flash_scores, flash_scores_kernel
+from .reference import (
+    flash_scores_reference,
+    masked_attention_reference,
+    sparse_attention_reference,
+    tree_attention_reference,
+    tree_full_mask,
+)
+from .sparse_attention import sparse_attention, sparse_attention_kernel
+from .tree_attention import tree_attention, tree_attention_kernel
+
+IMPLEMENTATIONS = ("pallas", "xla")
+
+__all__ = [
+    "BlockSizes",
+    "IMPLEMENTATIONS",
+    "SUPPORTED_HEAD_DIMS",
+    "flash_scores",
+    "flash_scores_kernel",
+    "flash_scores_reference",
+    "masked_attention_reference",
+    "merge_partials",
+    "sparse_attention",
+    "sparse_attention_kernel",
+    "sparse_attention_reference",
+    "tree_attention",
+    "tree_attention_kernel",
+    "tree_attention_reference",
+    "tree_full_mask",
+]

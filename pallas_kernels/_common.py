@@ -1,0 +1,251 @@
+"""Pieces shared by the attention kernels: block sizes, GQA packing, the online-softmax step, split-K
+combine, shape checks and the pallas/xla dispatcher.
+
+GQA packing. A kernel program owns one KV head and stacks the G query heads that read it, times the T
+query rows, into the M dimension of its tile: packed row r = t*G + g is query row t of head kh*G + g.
+A T=1 decode at G=3 is then a [16, H] tile (3 real rows) against [block_k, H] keys instead of three
+[1, H] programs, and K/V are read once per KV head, not once per query head.
+
+Numerics. Scores run in base 2 inside the kernels (logits are pre-multiplied by log2(e), so the
+exponentials are `exp2`); every LSE that leaves a kernel is converted to the natural log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+# Finite start for the running max: with masked logits at -inf, exp2(m_prev - m_new) stays NaN-free
+# even for a row that has seen no valid key yet (its l stays 0 and `finalize` reports lse = -inf).
+M_INIT = -1e30
+H200_SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tunables of one kernel launch (hashable: usable as a static jit argument).
+
+    block_m:    packed query rows (T*G) per program; the launch uses min(block_m, next_pow2(T*G), >=16).
+    block_k:    keys (or gathered cache entries) per inner-loop step; power of two >= 16.
+    num_splits: split-K programs per (batch, KV head, row block); None picks enough to fill the GPU.
+    num_warps, num_stages: Triton launch parameters (passed explicitly, see DESIGN.md section 3).
+    """
+
+    block_m: int = 64
+    block_k: int = 128
+    num_splits: int | None = None
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_m", "block_k"):
+            val = getattr(self, name)
+            if val < 16 or val & (val - 1):
+                raise ValueError(f"{name}={val} must be a power of two >= 16")
+        if self.num_splits is not None and self.num_splits < 1:
+            raise ValueError(f"num_splits={self.num_splits} must be >= 1")
+
+    def compiler_params(self) -> plgpu.CompilerParams:
+        return plgpu.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def prev_pow2(x: int) -> int:
+    return 1 << (x.bit_length() - 1) if x > 0 else 0
+
+
+def row_block(rows: int, block_m: int) -> int:
+    """Rows per program: a power of two >= 16 (Triton's dot minimum), at most `block_m`."""
+    return min(block_m, max(16, next_pow2(rows)))
+
+
+def num_sms() -> int:
+    dev = jax.devices()[0]
+    if dev.platform == "gpu":
+        return getattr(dev, "core_count", None) or H200_SMS
+    return H200_SMS  # interpret mode / lowering for an abstract H200
+
+
+def split_plan(num_blocks: int, programs: int, num_splits: int | None, min_blocks: int = 4):
+    """(splits, blocks_per_split) for split-K over `num_blocks` key blocks.
+
+    Auto mode aims at ~4 programs per SM (flash-decoding: small B*K alone cannot fill 132 SMs) while
+    keeping at least `min_blocks` blocks per split so the partial outputs stay cheap to combine.
+    """
+    if num_splits is None:
+        num_splits = min(cdiv(4 * num_sms(), max(programs, 1)), max(1, num_blocks // min_blocks))
+    num_splits = max(1, min(num_splits, num_blocks))
+    per_split = cdiv(num_blocks, num_splits)
+    return cdiv(num_blocks, per_split), per_split
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks and dispatch.
+
+
+def check_platform(interpret: bool) -> None:
+    """The Triton path needs a GPU (or an abstract GPU target); CPU runs use interpret or the reference."""
+    if not interpret and not plgpu.is_gpu_device():
+        raise NotImplementedError(
+            f"Pallas Triton kernels need a GPU backend, got {jax.default_backend()=}; "
+            "pass interpret=True or use the reference"
+        )
+
+
+def layer_shape(k, layer: int | None) -> tuple[int, ...]:
+    """[B,S,K,H] of the one layer the kernels read: k itself, or k[layer] of a stacked [L,B,S,K,H] cache."""
+    expected = 4 if layer is None else 5
+    if k.ndim != expected:
+        raise ValueError(f"expected a {expected}-d cache for {layer=}, got {k.shape=}")
+    return tuple(k.shape) if layer is None else tuple(k.shape[1:])
+
+
+def kv_block_spec(k, layer: int | None) -> pl.BlockSpec:
+    """The whole sequence of one (batch, KV head) for grids (b, h, ...): [S, H] inside the kernel.
+
+    With a stacked cache and a static `layer`, the kernel reads that layer in place, so callers never
+    materialise k_all[layer] (a copy that would triple the memory traffic of a decode step).
+    """
+    if layer is None:
+        _, S, _, H = k.shape
+        return pl.BlockSpec((None, S, None, H), lambda b, h, *_: (b, 0, h, 0))
+    _, _, S, _, H = k.shape
+    return pl.BlockSpec((None, None, S, None, H), lambda b, h, *_: (layer, b, 0, h, 0))
+
+
+def check_attention_shapes(q, k, v, layer: int | None = None) -> tuple[int, int]:
+    """Validates q [B,T,N,H] and k/v [B,S,K,H] (or [L,B,S,K,H] with `layer`); returns (K, G)."""
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {k.shape=} {v.shape=}")
+    kshape = layer_shape(k, layer)
+    if layer is not None and not 0 <= layer < k.shape[0]:
+        raise ValueError(f"{layer=} out of range for {k.shape=}")
+    if q.ndim != 4:
+        raise ValueError(f"expected q [B,T,N,H], got {q.shape=}")
+    head_dim, num_heads, num_kv_heads = q.shape[3], q.shape[2], kshape[2]
+    if kshape[0] != q.shape[0] or kshape[3] != head_dim:
+        raise ValueError(f"batch / head_dim mismatch: {q.shape=} {k.shape=}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(f"{head_dim=} must be one of {SUPPORTED_HEAD_DIMS}")
+    if num_heads % num_kv_heads:
+        raise NotImplementedError(f"{num_heads=} must be a multiple of {num_kv_heads=}")
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        raise NotImplementedError(f"q, k, v must share a dtype, got {q.dtype=} {k.dtype=} {v.dtype=}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"{q.dtype=} must be one of bfloat16, float16, float32")
+    return num_kv_heads, num_heads // num_kv_heads
+
+
+def dispatch(implementation: str | None, kernel: Callable, reference: Callable, *args, **kwargs):
+    """Runs `kernel` ("pallas") or `reference` ("xla"); None tries the kernel and falls back to the
+    reference when it raises NotImplementedError at trace time (unsupported shape, CPU backend)."""
+    if implementation == "pallas":
+        return kernel(*args, **kwargs)
+    if implementation in ("xla", "reference"):
+        return reference(*args, **kwargs)
+    if implementation is None:
+        try:
+            return kernel(*args, **kwargs)
+        except NotImplementedError:
+            return reference(*args, **kwargs)
+    raise ValueError(f"{implementation=} must be one of None, 'pallas', 'xla'")
+
+
+# ----------------------------------------------------------------------------------------------
+# GQA packing (outside the kernels, in XLA).
+
+
+def pack_queries(q: jax.Array, num_kv_heads: int, block_m: int) -> jax.Array:
+    """q [B,T,N,H] -> [B,K,Mp,H], packed row r = t*G + g, zero rows padding M = T*G up to block_m."""
+    B, T, N, H = q.shape
+    G = N // num_kv_heads
+    qp = q.reshape(B, T, num_kv_heads, G, H).transpose(0, 2, 1, 3, 4).reshape(B, num_kv_heads, T * G, H)
+    pad = cdiv(T * G, block_m) * block_m - T * G
+    return jnp.pad(qp, ((0, 0), (0, 0), (0, pad), (0, 0))) if pad else qp
+
+
+def unpack_out(op: jax.Array, T: int, N: int) -> jax.Array:
+    """[B,K,Mp,H] -> [B,T,N,H]."""
+    B, K, _, H = op.shape
+    G = N // K
+    return op[:, :, : T * G].reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
+
+
+def unpack_lse(lp: jax.Array, T: int, N: int) -> jax.Array:
+    """[B,K,Mp] -> [B,N,T]."""
+    B, K, _ = lp.shape
+    G = N // K
+    return lp[:, :, : T * G].reshape(B, K, T, G).transpose(0, 1, 3, 2).reshape(B, N, T)
+
+
+def combine_splits(o: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Exact merge of split-K partials: o [P,...,H] (each normalised over its split), lse [P,...]."""
+    if o.shape[0] == 1:
+        return o[0].astype(jnp.float32), lse[0]
+    top = lse.max(axis=0)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)  # all splits empty: keep exp() finite
+    w = jnp.exp(lse - top)  # empty split: lse = -inf -> weight 0
+    denom = w.sum(axis=0)
+    # A multiply-and-sum, not an einsum: XLA would make that a GPU dot, which may run in TF32.
+    out = (w[..., None] * o.astype(jnp.float32)).sum(axis=0) / jnp.where(denom > 0, denom, 1.0)[..., None]
+    return out, top + jnp.log(denom)
+
+
+def merge_partials(o_a, lse_a, o_b, lse_b):
+    """Merges attention over two disjoint key sets: w = sigmoid(lse_a - lse_b) (DESIGN.md 3.3)."""
+    w = jax.nn.sigmoid(lse_a - lse_b)[..., None]
+    return w * o_a + (1.0 - w) * o_b, jnp.logaddexp(lse_a, lse_b)
+
+
+# ----------------------------------------------------------------------------------------------
+# In-kernel helpers (Pallas Triton; also run under interpret=True).
+
+
+def dot_nt(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a [M,H] . b[N,H]^T -> [M,N] f32."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def init_carry(block_m: int, head_dim: int):
+    return (
+        jnp.zeros((block_m, head_dim), jnp.float32),
+        jnp.full((block_m,), M_INIT, jnp.float32),
+        jnp.zeros((block_m,), jnp.float32),
+    )
+
+
+def softmax_step(carry, s: jax.Array, v: jax.Array):
+    """One online-softmax update. s [bm,bk]: base-2 logits, -inf where masked; v [bk,H]."""
+    acc, m_prev, l_prev = carry
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
+    alpha = jnp.exp2(m_prev - m_new)
+    p = jnp.exp2(s - m_new[:, None])
+    l_new = l_prev * alpha + jnp.sum(p, axis=1)
+    acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return acc, m_new, l_new
+
+
+def finalize(carry):
+    """-> (normalised out [bm,H] f32, natural-log lse [bm]); rows that saw no key give (0, -inf)."""
+    acc, m, l = carry
+    empty = l == 0.0
+    l_safe = jnp.where(empty, 1.0, l)
+    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(l_safe)) * LN2)
+    return acc / l_safe[:, None], lse

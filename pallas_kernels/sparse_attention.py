@@ -1,0 +1,154 @@
+"""Attention over a per-sequence list of selected cache positions (page size 1) plus a causal tail.
+
+Used by the sparse drafts (Vegas, MagicDec streaming/quest) and by Dustin's sparse verification;
+DESIGN.md section 3.2. One index set per (batch, layer) is shared by all heads of the layer.
+
+Supported: head_dim in (64, 128); GQA with N % K == 0 (tested G = 1, 3, 4, 8); bf16 / f16 / f32; S >= 16;
+any M (index capacity) and small T (the packed T*G rows share one tile up to block_m rows).
+
+How: the wrapper appends the tail positions kv_len-T .. kv_len-1 right after the n_valid real entries
+and clamps every index into [0, S), so the kernel sees one flat list of `n_valid + T` entries and every
+gathered address is in bounds. Entry e >= n_valid is tail token u = e - n_valid, visible to row t iff
+u <= t; entries before n_valid are visible to every row. The grid is (B, K, row blocks, splits): split-K
+over the list so a batch of one still fills the GPU, partial (out, lse) merged exactly afterwards.
+K/V rows are gathered with integer-array ref indexing (`k_ref[idx, :]`): each row is H contiguous
+elements, so a gather of block_k rows is block_k coalesced 128/256-byte reads.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from . import _common as C
+from .reference import sparse_attention_reference
+
+
+def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
+    """H200 defaults: all packed rows in one tile (each gathered row is read once per KV head) and
+    128 gathered entries per step (64 when a K+V tile pair would not fit 2 stages in SMEM). Split-K is
+    chosen automatically (~4 programs per SM, at least 2 blocks per split: a 5% budget of 128K is only
+    ~50 blocks, which a batch of one must still spread over the SMs)."""
+    wide = head_dim * jnp.dtype(dtype).itemsize > 256
+    return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
+
+
+def _sparse_kernel(n_valid_ref, n_total_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, sm_scale,
+                   block_k, per_split):
+    """n_valid_ref, n_total_ref: [] int32; idx_ref: [L] int32 positions (in bounds); q_ref: [bm,H];
+    k_ref, v_ref: [S,H]; outputs o_ref [bm,H], lse_ref [bm] for this split."""
+    block_m, head_dim = q_ref.shape
+    m_blk, split = pl.program_id(2), pl.program_id(3)
+    n_valid, n_total = n_valid_ref[()], n_total_ref[()]
+    t = (m_blk * block_m + jnp.arange(block_m)) // G
+    lo = split * per_split
+    hi = jnp.minimum(lo + per_split, pl.cdiv(n_total, block_k))
+    mid = jnp.clip(n_valid // block_k, lo, hi)  # blocks of real entries only: no mask needed
+    q = q_ref[...]
+    scale2 = sm_scale * C.LOG2E
+
+    def body(masked):
+        def step(i, carry):
+            start = pl.multiple_of(i * block_k, block_k)
+            idx = idx_ref[pl.ds(start, block_k)]
+            k = k_ref[idx, :]
+            v = v_ref[idx, :]
+            s = C.dot_nt(q, k) * scale2
+            if masked:
+                rel = (start + jnp.arange(block_k) - n_valid)[None, :]  # >= 0: tail token number
+                seen = (rel < 0) | ((rel <= t[:, None]) & (rel < n_total - n_valid))
+                s = jnp.where(seen, s, -jnp.inf)
+            return C.softmax_step(carry, s, v)
+
+        return step
+
+    carry = C.init_carry(block_m, head_dim)
+    carry = lax.fori_loop(lo, mid, body(False), carry)
+    carry = lax.fori_loop(mid, hi, body(True), carry)
+    o, lse = C.finalize(carry)
+    o_ref[...] = o.astype(o_ref.dtype)
+    lse_ref[...] = lse
+
+
+@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "layer"))
+def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
+                            interpret=False, layer=None):
+    """Pallas implementation of `sparse_attention` (same arguments)."""
+    K, G = C.check_attention_shapes(q, k, v, layer)
+    C.check_platform(interpret)
+    B, T, N, H = q.shape
+    S, M = C.layer_shape(k, layer)[1], idx.shape[1]
+    sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
+    bs = block_sizes or default_block_sizes(T * G, H, q.dtype)
+    block_m = C.row_block(T * G, bs.block_m)
+    block_k = min(bs.block_k, C.prev_pow2(S))
+    if block_k < 16:
+        raise NotImplementedError(f"{S=} must be >= 16")
+    qp = C.pack_queries(q, K, block_m)
+    n_m = qp.shape[2] // block_m
+    n_tail = T if tail else 0
+    splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * K * n_m, bs.num_splits, min_blocks=2)
+    L = splits * per_split * block_k
+
+    # Flat entry list: idx[:n_valid], then the tail positions, then padding; all clamped into the cache.
+    n_valid = jnp.clip(n_valid.astype(jnp.int32), 0, M)
+    e = jnp.arange(L)[None, :]
+    rel = e - n_valid[:, None]
+    entries = jnp.where(rel < 0, jnp.pad(idx.astype(jnp.int32), ((0, 0), (0, L - M))),
+                        jnp.where(rel < n_tail, kv_len[:, None].astype(jnp.int32) - T + rel, 0))
+    entries = jnp.clip(entries, 0, S - 1)
+
+    kernel = functools.partial(_sparse_kernel, G=G, sm_scale=sm_scale, block_k=block_k, per_split=per_split)
+    scalar = pl.BlockSpec((None,), lambda b, h, m, s: (b,))
+    kv_spec = C.kv_block_spec(k, layer)
+    out_dtype = jnp.float32 if splits > 1 else q.dtype
+    o, lse = pl.pallas_call(
+        kernel,
+        grid=(B, K, n_m, splits),
+        in_specs=[
+            scalar,
+            scalar,
+            pl.BlockSpec((None, L), lambda b, h, m, s: (b, 0)),
+            pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
+            kv_spec,
+            kv_spec,
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
+            pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((splits, B, K, qp.shape[2], H), out_dtype),
+            jax.ShapeDtypeStruct((splits, B, K, qp.shape[2]), jnp.float32),
+        ],
+        compiler_params=bs.compiler_params(),
+        interpret=interpret,
+        name="sparse_attention",
+    )(n_valid, n_valid + n_tail, entries, qp, k, v)
+    o, lse = C.combine_splits(o, lse)
+    return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
+
+
+def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
+                     interpret=False, layer=None, implementation=None):
+    """Attention over selected cache positions idx[b, :n_valid[b]] plus (tail) the T newest tokens.
+
+    Args:
+      q: [B,T,N,H] queries of the T newest tokens.
+      k, v: [B,S,K,H] one layer's full cache, or the stacked [L,B,S,K,H] cache with a static `layer`.
+      idx: int32[B,M] selected positions, each < kv_len[b] - T, no duplicates, any order; entries
+        idx[b, n_valid[b]:] are junk and ignored.
+      n_valid: int32[B] number of real entries per sequence (0 allowed when tail=True).
+      kv_len: int32[B] valid cache length including the T new tokens (at kv_len-T .. kv_len-1).
+      tail: also attend causally over the T newest tokens (row t sees tail tokens 0..t).
+      sm_scale, block_sizes, interpret, layer, implementation: as in `flash_scores`.
+    Returns:
+      out [B,T,N,H] q.dtype, lse [B,N,T] f32 (natural log).
+    """
+    return C.dispatch(implementation, sparse_attention_kernel, sparse_attention_reference, q, k, v, idx,
+                      n_valid, kv_len, tail=tail, sm_scale=sm_scale, block_sizes=block_sizes,
+                      interpret=interpret, layer=layer)

@@ -1,0 +1,140 @@
+"""flash_scores kernel vs the f32 reference (interpret mode on CPU, native on GPU)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pallas_kernels as pk
+from _kernel_utils import (INTERPRET, assert_bitwise_equal, assert_close, compiled, lower_for_h200,
+                           poison_after, ragged_lengths, random_qkv, triton_calls)
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+BS = pk.BlockSizes
+_STATIC = ("score_rows", "score_mode", "block_sizes", "interpret")
+kernel = compiled(pk.flash_scores_kernel, *_STATIC)
+reference = compiled(pk.flash_scores_reference, *_STATIC)
+
+
+def _check(seed, B, T, N, K, H, S, dtype, rows=(), mode="weights", block_sizes=None):
+    rng = np.random.default_rng(seed)
+    q, k, v = random_qkv(seed, B, T, N, K, H, S, dtype)
+    kv_len = ragged_lengths(rng, B, T, S)
+    # Past kv_len the cache holds junk: NaN in f32 (any read poisons the row), huge finite in bf16.
+    k, v = poison_after(k, v, kv_len, np.nan if dtype == F32 else 1e4)
+    kv_len = jnp.asarray(kv_len)
+    out, lse, scores = kernel(q, k, v, kv_len, score_rows=rows, score_mode=mode, block_sizes=block_sizes,
+                              interpret=INTERPRET)
+    r_out, r_lse, r_scores = reference(q, k, v, kv_len, score_rows=rows, score_mode=mode)
+    assert out.dtype == q.dtype and lse.dtype == F32
+    assert_close(out, r_out, dtype, "out")
+    assert_close(lse, r_lse, dtype, "lse")
+    if not rows:
+        assert scores is None
+        return
+    assert scores.shape == (B, S) and scores.dtype == F32
+    assert_close(scores, r_scores, dtype, "scores")
+    invalid = np.arange(S)[None, :] > (np.asarray(kv_len) - T + max(r % T for r in rows))[:, None]
+    assert (np.asarray(scores)[invalid] == 0).all(), "scores must be 0 where no score row may look"
+    if mode == "weights":  # each (row, head) softmax sums to one
+        np.testing.assert_allclose(np.asarray(scores).sum(1), N * len(rows), rtol=1e-4)
+
+
+# (B, T, N, K, H, S, dtype, score_rows, mode, block sizes): GQA 1/3/4/8, head dims 64/128, T 1..16 plus
+# prefill, forced split-K, several row blocks with scores, S not a power of two.
+CASES = [
+    (3, 1, 9, 3, 64, 128, F32, (0, -1), "weights", None),  # SmolLM2 decode shape (G=3), row 0 twice
+    (3, 5, 8, 8, 128, 96, F32, (1, 4), "weights", BS(block_k=16, num_splits=3)),  # G=1, split-K
+    (2, 5, 32, 4, 64, 80, BF16, (0, 4), "logits", BS(block_k=16, num_splits=2)),  # G=8
+    (2, 16, 8, 2, 128, 64, F32, (), "weights", None),  # G=4, 64 packed rows
+    (2, 2, 12, 3, 64, 48, BF16, (1,), "weights", BS(block_k=16, num_splits=2)),  # S not a power of 2
+    (2, 1, 32, 8, 128, 64, F32, (0, -1), "logits", None),  # Llama-3-8B decode shape, row 0 twice
+    (2, 64, 4, 1, 64, 128, F32, (3, 63), "weights", BS(block_m=32, block_k=32)),  # row blocks + scores
+    (1, 128, 3, 3, 128, 160, BF16, (), "weights", None),  # prefill with the default blocks
+]
+
+
+@pytest.mark.parametrize("B,T,N,K,H,S,dtype,rows,mode,bs", CASES)
+def test_matches_reference(B, T, N, K, H, S, dtype, rows, mode, bs):
+    _check(1000 + T * 7 + H + S, B, T, N, K, H, S, dtype, rows, mode, bs)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    B=st.integers(1, 3),
+    T=st.integers(1, 12),
+    K=st.sampled_from([1, 2]),
+    G=st.sampled_from([1, 3, 4, 8]),
+    H=st.sampled_from([64, 128]),
+    S_extra=st.integers(0, 80),
+    rows=st.sampled_from([(), (0,), (-1,), (0, -1)]),
+    mode=st.sampled_from(["weights", "logits"]),
+    splits=st.sampled_from([None, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_fuzz(B, T, K, G, H, S_extra, rows, mode, splits, seed):
+    S = max(16, T + S_extra)
+    bs = BS(block_k=16, num_splits=splits) if splits else None
+    _check(seed, B, T, G * K, K, H, S, F32, rows, mode, bs)
+
+
+def test_deterministic():
+    q, k, v = random_qkv(7, 2, 5, 8, 8, 128, 96, F32)
+    kv_len = jnp.asarray([96, 40], jnp.int32)
+    run = lambda: kernel(q, k, v, kv_len, score_rows=(1, 4), block_sizes=BS(block_k=16, num_splits=3),
+                         interpret=INTERPRET)
+    assert_bitwise_equal(run(), run())
+
+
+def test_unsupported_head_dim_and_fallback():
+    q, k, v = random_qkv(3, 2, 3, 4, 2, 96, 32, F32)
+    kv_len = jnp.asarray([32, 10], jnp.int32)
+    with pytest.raises(NotImplementedError, match="head_dim=96"):
+        pk.flash_scores(q, k, v, kv_len, interpret=True, implementation="pallas")
+    got = pk.flash_scores(q, k, v, kv_len, score_rows=(0,), interpret=True)  # falls back to the reference
+    want = pk.flash_scores(q, k, v, kv_len, score_rows=(0,), implementation="xla")
+    assert_bitwise_equal(got, want)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="CPU-only dispatch behaviour")
+def test_cpu_without_interpret_falls_back():
+    q, k, v = random_qkv(4, 1, 2, 4, 2, 64, 32, F32)
+    kv_len = jnp.asarray([20], jnp.int32)
+    with pytest.raises(NotImplementedError, match="GPU"):
+        pk.flash_scores(q, k, v, kv_len, implementation="pallas")
+    assert_bitwise_equal(pk.flash_scores(q, k, v, kv_len), pk.flash_scores_reference(q, k, v, kv_len))
+
+
+def test_bad_arguments():
+    q, k, v = random_qkv(5, 1, 2, 4, 2, 64, 32, F32)
+    kv_len = jnp.asarray([20], jnp.int32)
+    with pytest.raises(ValueError, match="score_mode"):
+        pk.flash_scores_kernel(q, k, v, kv_len, score_rows=(0,), score_mode="probs", interpret=True)
+    with pytest.raises(ValueError, match="score_rows"):
+        pk.flash_scores_kernel(q, k, v, kv_len, score_rows=(2,), interpret=True)
+
+
+
+def test_stacked_cache_layer_read_in_place():
+    """k_all [L,B,S,K,H] with a static layer gives exactly the result of the sliced single layer."""
+    q, k, v = random_qkv(8, 2, 5, 8, 2, 64, 64, F32)
+    kv_len = jnp.asarray([64, 17], jnp.int32)
+    k_all, v_all = jnp.stack([k * 3, k, -k]), jnp.stack([v * 3, v, -v])
+    kw = dict(score_rows=(0, 4), block_sizes=BS(block_k=16, num_splits=2), interpret=INTERPRET)
+    got = compiled(pk.flash_scores_kernel, "score_rows", "block_sizes", "interpret", "layer")(
+        q, k_all, v_all, kv_len, layer=1, **kw)
+    assert_bitwise_equal(got, kernel(q, k, v, kv_len, **kw))
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
+@pytest.mark.parametrize("N,K,H", [(9, 3, 64), (32, 8, 128)])  # SmolLM2-135M, Llama-3-8B
+@pytest.mark.parametrize("T,rows", [(1, ()), (5, (0, 4)), (256, ())])
+def test_lowers_to_triton_at_model_shapes(N, K, H, T, rows):
+    sd = jax.ShapeDtypeStruct
+    kv = sd((2, 8192, K, H), BF16)
+    for mode in ("weights", "logits") if rows else ("weights",):
+        hlo = lower_for_h200(pk.flash_scores_kernel, sd((2, T, N, H), BF16), kv, kv, sd((2,), jnp.int32),
+                             score_rows=rows, score_mode=mode)
+        assert triton_calls(hlo) == 1
