@@ -11,10 +11,11 @@ import numpy as np
 
 from jspec import decoding as _gen
 from jspec import kv_cache
+from jspec import speculative  # the self-speculative methods; also makes `jspec.speculative` available
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 
-METHODS = ("ar",)
+METHODS = ("ar", "streaming", "quest", "vegas")
 
 
 @dataclasses.dataclass
@@ -43,7 +44,9 @@ class Stats:
     decode_s: float
     tokens_per_s: float          # new tokens after the first (which prefill produces) / decode time
     tau: float = 1.0             # mean tokens emitted per target forward
-    accept_hist: Optional[list[int]] = None
+    accept_hist: Optional[list[int]] = None   # rounds that accepted n = 0..gamma drafts (whole batch)
+    rounds: Optional[list[int]] = None        # target verifications per sequence (speculative methods)
+    knobs: Optional[dict] = None              # the SpecConfig of a speculative method
 
 
 @dataclasses.dataclass
@@ -85,17 +88,33 @@ def encode(model: Model, prompts: Union[str, Sequence[str], Sequence[Sequence[in
 
 def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
-             capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl()) -> Output:
+             capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
+             gamma: int = 4, budget: int = 512, ratio: Optional[float] = None, **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
+    method: "ar" (plain decoding) or a self-speculative method ("streaming", "quest", "vegas") with draft
+    length `gamma`, selection `budget` (KV slots) or `ratio`, and further `jspec.speculative.SpecConfig`
+    knobs (sink, page_size, min_tokens, max_tokens, score_mode, collect) as keywords.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     if method not in METHODS:
         raise _gen.InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    spec = None
+    if method != "ar":
+        try:
+            spec = speculative.SpecConfig(method=method, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
+        except TypeError as e:
+            raise _gen.InputError(f"bad speculative option: {e}") from None
+    elif spec_knobs:
+        raise _gen.InputError(f"options {sorted(spec_knobs)} only apply to speculative methods, not 'ar'")
     samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     ids = encode(model, prompts, chat=chat)
     lengths = np.array([len(p) for p in ids], np.int32)
+    margin = spec.capacity_margin() if spec else 0   # a speculative round writes up to gamma + 1 slots ahead
     if capacity is None:
-        capacity = int(-(-(max(lengths.max(initial=1), 1) + max_new_tokens) // 128) * 128)
+        capacity = int(-(-(max(lengths.max(initial=1), 1) + max_new_tokens + margin) // 128) * 128)
+    elif spec and lengths.max(initial=0) + max_new_tokens <= capacity < lengths.max() + max_new_tokens + margin:
+        raise _gen.InputError(f"method {method!r} needs gamma + 1 = {margin} cache slots beyond prompt + new "
+                              f"tokens ({int(lengths.max()) + max_new_tokens}), but capacity is {capacity}")
     if lengths.max(initial=0) + max_new_tokens > model.cfg.max_position:
         raise _gen.InputError(f"prompt + new tokens ({int(lengths.max()) + max_new_tokens}) exceed the model's "
                               f"context of {model.cfg.max_position} positions")
@@ -105,8 +124,10 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     if tokens.shape[1] > capacity:  # padding must fit too
         tokens = tokens[:, :capacity]
     B = len(ids)
-    cache = kv_cache.init(model.cfg, batch=B, capacity=capacity)
     stops = () if ignore_eos else model.stop_tokens
+    if spec is not None:
+        return _generate_spec(model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl)
+    cache = kv_cache.init(model.cfg, batch=B, capacity=capacity)
 
     t0 = time.perf_counter()
     logits, cache = _gen.prefill(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache, impl=impl)
@@ -121,4 +142,25 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     decoded = int(np.sum(np.maximum(n_out - 1, 0)))
     stats = Stats(method=method, batch=B, prompt_tokens=lengths.tolist(), new_tokens=n_out.tolist(),
                   prefill_s=t1 - t0, decode_s=t2 - t1, tokens_per_s=decoded / max(t2 - t1, 1e-9))
+    return Output(texts=texts, tokens=toks, stats=stats)
+
+
+def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl) -> Output:
+    B = len(lengths)
+    t0 = time.perf_counter()
+    state = speculative.init(model.params, model.cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths), capacity,
+                             impl=impl)
+    jax.block_until_ready(state)
+    t1 = time.perf_counter()
+    out, n_out, st, _ = speculative.run_donating(model.params, model.cfg, spec, samp, state, jax.random.key(seed),
+                                                 max_new_tokens, stop_tokens=stops, impl=impl)
+    out, n_out = np.asarray(out), np.asarray(n_out)
+    t2 = time.perf_counter()
+    toks = [out[b, :n_out[b]].tolist() for b in range(B)]
+    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
+    decoded = int(np.sum(np.maximum(n_out - 1, 0)))
+    stats = Stats(method=spec.method, batch=B, prompt_tokens=lengths.tolist(), new_tokens=n_out.tolist(),
+                  prefill_s=t1 - t0, decode_s=t2 - t1, tokens_per_s=decoded / max(t2 - t1, 1e-9), tau=st.tau(),
+                  accept_hist=np.asarray(st.accept_hist).sum(0).tolist(), rounds=np.asarray(st.rounds).tolist(),
+                  knobs=spec.describe())
     return Output(texts=texts, tokens=toks, stats=stats)

@@ -12,6 +12,10 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from jspec.sharding import tp_axis
 
 # Largest f32 logits tensor [B, K, G, Tc, S] the XLA path materialises at once; longer queries (prefill)
 # are processed in chunks of Tc rows so memory stays bounded at any prompt length.
@@ -26,14 +30,45 @@ def _kernel_module(name: str):
 
 @dataclasses.dataclass(frozen=True)
 class AttnImpl:
-    """How attention runs. `backend`: None = Pallas when available, else XLA; "xla"; "pallas"."""
+    """How attention runs. `backend`: None = Pallas when available, else XLA; "xla"; "pallas".
+
+    `mesh`: the tensor-parallel mesh when params and cache are head-sharded (jspec/sharding.py). The Pallas
+    kernels are custom calls XLA cannot partition, so they then run per shard under `shard_map` (queries
+    split over N, the cache over K, each device its own heads); the XLA path needs no hint.
+    """
 
     backend: Optional[str] = None
     interpret: bool = False
+    mesh: Optional[Mesh] = None
 
     def __post_init__(self):
         if self.backend not in (None, "xla", "pallas"):
             raise ValueError(f"unknown attention backend {self.backend!r}; use None, 'xla' or 'pallas'")
+
+
+def _per_shard(impl: AttnImpl, kernel, q, k_all, v_all, *replicated, scores: bool = False):
+    """kernel(q, k_all, v_all, *replicated) on each tensor-parallel shard of the heads (or directly, no mesh).
+
+    q [B, T, N, H] is split over N and the stacked cache [L, B, S, K, H] over K, so every device attends
+    with its own N/tp query heads over its own K/tp KV heads (GQA groups stay whole: head n reads KV head
+    n // G). `replicated` arguments (lengths, indices, masks) go to every shard whole. With `scores`, the
+    kernel returns (out, scores f32[B, S]) and the per-shard scores, sums over that shard's heads, are
+    summed over tp.
+    """
+    if impl.mesh is None:
+        return kernel(q, k_all, v_all, *replicated)
+    tp = tp_axis(impl.mesh)
+    heads, kv = P(None, None, tp, None), P(None, None, None, tp, None)
+
+    def body(*args):
+        res = kernel(*args)
+        if scores:
+            return res[0], jax.lax.psum(res[1], tp)
+        return res
+
+    # check_vma=False: pallas_call does not declare how its outputs vary over the mesh axes.
+    return jax.shard_map(body, mesh=impl.mesh, in_specs=(heads, kv, kv) + (P(),) * len(replicated),
+                         out_specs=(heads, P()) if scores else heads, check_vma=False)(q, k_all, v_all, *replicated)
 
 
 def full(q, k_all, v_all, layer: int, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights",
@@ -54,15 +89,20 @@ def full(q, k_all, v_all, layer: int, kv_len, *, tree_mask=None, score_rows=(), 
     if impl.backend != "xla":
         try:  # kernels read layer `layer` of the stacked cache in place (no per-layer copy)
             if tree_mask is None:
-                out, _, scores = _kernel_module("flash_scores").flash_scores_kernel(
-                    q, k_all, v_all, kv_len, score_rows=tuple(score_rows), score_mode=score_mode,
-                    interpret=impl.interpret, layer=layer)
-                return out, scores
+                def flash(q, k_all, v_all, kv_len):
+                    out, _, scores = _kernel_module("flash_scores").flash_scores_kernel(
+                        q, k_all, v_all, kv_len, score_rows=tuple(score_rows), score_mode=score_mode,
+                        interpret=impl.interpret, layer=layer)
+                    return (out, scores) if score_rows else out
+                res = _per_shard(impl, flash, q, k_all, v_all, kv_len, scores=bool(score_rows))
+                return res if score_rows else (res, None)
             if score_rows:
                 raise NotImplementedError("tree_attention does not emit scores")
-            out, _ = _kernel_module("tree_attention").tree_attention_kernel(
-                q, k_all, v_all, kv_len - q.shape[1], tree_mask, interpret=impl.interpret, layer=layer)
-            return out, None
+
+            def tree(q, k_all, v_all, prefix_len, tree_mask):
+                return _kernel_module("tree_attention").tree_attention_kernel(
+                    q, k_all, v_all, prefix_len, tree_mask, interpret=impl.interpret, layer=layer)[0]
+            return _per_shard(impl, tree, q, k_all, v_all, kv_len - q.shape[1], tree_mask), None
         except NotImplementedError:
             if impl.backend == "pallas":
                 raise
@@ -141,9 +181,10 @@ def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()
     """
     if impl.backend != "xla":
         try:
-            out, _ = _kernel_module("sparse_attention").sparse_attention_kernel(
-                q, k_all, v_all, idx, n_valid, kv_len, interpret=impl.interpret, layer=layer)
-            return out
+            def gathered(q, k_all, v_all, idx, n_valid, kv_len):
+                return _kernel_module("sparse_attention").sparse_attention_kernel(
+                    q, k_all, v_all, idx, n_valid, kv_len, interpret=impl.interpret, layer=layer)[0]
+            return _per_shard(impl, gathered, q, k_all, v_all, idx, n_valid, kv_len)
         except NotImplementedError:
             if impl.backend == "pallas":
                 raise

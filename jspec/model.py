@@ -12,7 +12,7 @@ is updated in place by scatter into the stacked buffers (donated by the jitted c
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +73,7 @@ def rope(x, positions, cfg: ModelConfig):
 
 def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
             tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
-            score_mode: str = "weights", impl: AttnImpl = AttnImpl()):
+            score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None):
     """Run T new tokens per sequence through the model, appending their K/V to the cache.
 
     Args:
@@ -86,6 +86,8 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
       tree: tree verification inputs (positions = lengths + depth, masked attention among the T nodes).
       sparse: per-layer selections: attend over those entries plus the T new tokens (self-drafting).
       score_rows / score_mode: collect per-layer scores of these query rows (see attention.full).
+      selector: query-aware sparse attention (Quest-style drafting): `selector(layer, q[B, T, N, H]) ->
+        (idx int32[B, M], n_valid int32[B])` picks each layer's entries from its own queries; replaces `sparse`.
     Returns:
       logits f32[B, R or T, V], the updated cache, and aux: {"scores": f32[L, B, S]} when score_rows.
     """
@@ -112,17 +114,25 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
             q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
         q, k = rope(q, positions, cfg), rope(k, positions, cfg)
         k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
-        if sparse is not None:
+        if selector is not None:
+            sel_idx, sel_n = selector(i, q)
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, sel_n, impl=impl)
+        elif sparse is not None:
             o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx[i], sparse.n_valid[i], impl=impl)
         else:
             o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
                                        score_rows=score_rows, score_mode=score_mode, impl=impl)
             all_scores.append(scores)
-        x = x + jnp.einsum("BTNH,NHD->BTD", o.astype(x.dtype), p["wo"])
+        # wo and w_down contract over the heads / F that tensor parallelism shards (jspec/sharding.py): their
+        # outputs accumulate in f32 so the all-reduce of the partial sums is f32 and the result is rounded
+        # once, as on one device (a bf16 all-reduce changed greedy tokens). Same numerics unsharded.
+        x = x + jnp.einsum("BTNH,NHD->BTD", o.astype(x.dtype), p["wo"],
+                           preferred_element_type=jnp.float32).astype(x.dtype)
         h = rms_norm(x, p["mlp_norm"], eps)
         g = jnp.einsum("BTD,DF->BTF", h, p["w_gate"])
         u = jnp.einsum("BTD,DF->BTF", h, p["w_up"])
-        x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(g) * u, p["w_down"])
+        x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(g) * u, p["w_down"],
+                           preferred_element_type=jnp.float32).astype(x.dtype)
 
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, :, None], axis=1)

@@ -1,0 +1,103 @@
+"""A trained drafter on disk: the block's weights (Orbax, bf16 by default) + config.json.
+
+    config.json  {"format": "jspec-drafter", "format_version": 1, "model": <target ModelConfig>, "window": W,
+                  "dtype": "bfloat16", "params": {name: shape}, "meta": {...}}
+    params/      Orbax StandardCheckpointHandler pytree
+
+The embedding and LM head are not stored: they are the target's. `model` records the target config the
+block was trained against (its shapes and RoPE); `load_drafter` returns it so callers can check it matches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from jspec.config import ModelConfig
+
+FORMAT = "jspec-drafter"
+FORMAT_VERSION = 1
+
+
+class Drafter(NamedTuple):
+    params: dict        # the block (layout in jspec/drafter/model.py)
+    cfg: ModelConfig    # the target config it was trained for
+    window: int         # self-attention window W (the ring's size)
+    meta: dict          # free-form: target path, steps, flags, final loss
+
+
+def save_drafter(path: str, dparams: dict, cfg: ModelConfig, *, window: int, dtype: str = "bfloat16",
+                 meta: Optional[dict] = None) -> str:
+    """Write the drafter atomically (temp dir + rename; an existing `path` is replaced). Returns the path."""
+    out = os.path.abspath(path)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    np_dtype = _np_dtype(dtype)
+    cpu = jax.devices("cpu")[0]
+    arrays = {k: jax.device_put(np.asarray(jax.device_get(v)).astype(np_dtype), cpu) for k, v in dparams.items()}
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)   # mkdtemp makes it private (0700); the export is a normal directory
+        _checkpointer().save(os.path.join(tmp, "params"), args=_ocp().args.StandardSave(arrays))
+        cfg_json = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": cfg.to_dict(), "window": window,
+                    "dtype": dtype, "params": {k: list(a.shape) for k, a in arrays.items()}, "meta": meta or {}}
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg_json, f, indent=2, default=str)
+        if os.path.lexists(out):
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_drafter(path: str, *, dtype: Optional[str] = None) -> Drafter:
+    """Load a drafter written by `save_drafter` (or the `drafter/` folder `train_drafter` exports).
+
+    Args:
+      path: the drafter directory.
+      dtype: cast the weights ('bfloat16' | 'float16' | 'float32'); None keeps the stored dtype.
+    """
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"{path} has no config.json: not a drafter exported by `jspec train-drafter`")
+    with open(cfg_path) as f:
+        meta = json.load(f)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{cfg_path} is not a jspec drafter (format {meta.get('format')!r}, expected {FORMAT!r})")
+    if meta.get("format_version", 0) > FORMAT_VERSION:
+        raise ValueError(f"{cfg_path} has format_version {meta['format_version']}, newer than this jspec reads")
+    stored = _np_dtype(meta["dtype"])
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = {k: jax.ShapeDtypeStruct(tuple(s), stored, sharding=sharding) for k, s in meta["params"].items()}
+    params = _checkpointer().restore(os.path.abspath(os.path.join(path, "params")),
+                                     args=_ocp().args.StandardRestore(target))
+    if dtype is not None:
+        params = jax.tree.map(lambda x: x.astype(_np_dtype(dtype)), params)
+    return Drafter(params=params, cfg=ModelConfig.from_dict(meta["model"]), window=int(meta["window"]),
+                   meta=meta.get("meta", {}))
+
+
+def _np_dtype(name: str):
+    import ml_dtypes
+
+    return {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[name]
+
+
+def _ocp():
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+def _checkpointer():
+    ocp = _ocp()
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())

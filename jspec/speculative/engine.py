@@ -1,0 +1,275 @@
+"""The one driver of every self-speculative method: the target drafts for itself with sparse attention.
+
+One round (one iteration of a jitted `lax.while_loop`, no host sync):
+
+    cache holds the accepted prefix (slots 0 .. lengths-1); `last` is the newest emitted token, not yet cached
+    1. draft   gamma one-token forwards with the method's sparse selection: [last, d1 .. d_{g-1}] are written
+               at slots lengths .. lengths+gamma-1 and produce d1 .. dg (sampled from q for T > 0)
+    2. verify  roll back to lengths, one full-attention forward over [last, d1 .. dg] (T = gamma + 1), which
+               rewrites the same slots (+ slot lengths+gamma); vegas also collects per-layer scores here
+    3. accept  per sequence n in [0, gamma] drafts + one corrected/bonus token (sampling.verify_chain;
+               exact match for greedy): n + 1 tokens emitted
+    4. rollback lengths += n + 1: `last` and d1..dn are in the cache; the new token is the next `last`
+    5. update  the method's selection state for the next round
+
+A batch accepts different counts per sequence; finished sequences (stop token or max_new_tokens) ride along
+with frozen lengths and output. Stats: rounds (= target verifications) and the accepted-length histogram per
+sequence; tau = mean tokens emitted per verification.
+
+Entry points: `init` (prefill + method state), `prepare` (method state on an existing prefilled cache, so
+one prefill can serve several methods), `run` (pure, for use inside a caller's jit) and `run_donating` (the
+same, donating the state so the cache is updated in place). Each piece (`draft`, `verify`, `accept`, the
+method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to split the round
+time offline.
+
+Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each (STYLE.md
+habit 7): the round is the same for all of them, only which KV entries a draft step reads differs.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jspec import kv_cache, model, sampling
+from jspec.attention import AttnImpl
+from jspec.config import ModelConfig, SamplingConfig
+from jspec.speculative import quest, streaming, vegas
+from jspec.speculative.config import SpecConfig
+
+METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas}
+
+
+@struct.dataclass
+class State:
+    """What `init` hands to `run`: the prefilled cache, the logits of the first new token, the method state."""
+
+    cache: kv_cache.KVCache
+    logits: jax.Array     # f32[B, V] distribution of the first token to emit
+    method: object        # the method module's state pytree
+
+
+@struct.dataclass
+class SpecStats:
+    rounds: jax.Array       # int32[B] target verifications per sequence
+    accept_hist: jax.Array  # int32[B, gamma + 1] rounds that accepted n drafts, n = 0..gamma
+
+    def tau(self) -> float:
+        """Mean tokens emitted per verification (accepted drafts + 1), host-side."""
+        h = np.asarray(self.accept_hist).sum(0)
+        return float((h * np.arange(1, h.size + 1)).sum() / max(h.sum(), 1))
+
+
+def _method(spec: SpecConfig):
+    return METHOD_MODULES[spec.method]
+
+
+# ------------------------------------------------------------------------------------------------- init
+
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "capacity", "impl"))
+def init(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengths, capacity: int,
+         impl: AttnImpl = AttnImpl()) -> State:
+    """Prefill right-padded prompts into a fresh cache and set up the method's selection state.
+
+    Args:
+      prompt_tokens: int32[B, T] right-padded; prompt_lengths: int32[B] real lengths (>= 1).
+      capacity: static cache slots; needs max(prompt_lengths) + max_new_tokens + gamma + 1.
+    Returns:
+      State. Jittable (static cfg, spec, capacity, impl). The prefill is exactly `decoding.prefill`'s.
+    """
+    B = prompt_tokens.shape[0]
+    lengths = prompt_lengths.astype(jnp.int32)
+    cache = kv_cache.init(cfg, batch=B, capacity=capacity)
+    logits, cache, _ = model.forward(params, cfg, prompt_tokens, cache, n_new=lengths,
+                                     logits_at=(lengths - 1)[:, None], impl=impl)
+    last = jnp.take_along_axis(prompt_tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    return _prepare(params, cfg, spec, cache, logits[:, 0], last, impl)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "impl"), donate_argnames=("cache",))
+def prepare(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, logits, last_token,
+            impl: AttnImpl = AttnImpl()) -> State:
+    """A State from an already prefilled cache (e.g. `decoding.prefill`'s cache and logits f32[B, V]);
+    last_token int32[B] is each prompt's last token. Lets one prefill serve several methods: a cache that
+    has been decoded from can be reused after `kv_cache.rollback` to the prompt lengths."""
+    return _prepare(params, cfg, spec, cache, logits, last_token, impl)
+
+
+def _prepare(params, cfg, spec, cache, logits, last_token, impl):
+    m = _method(spec)
+    lengths = cache.lengths
+    if not m.score_rows(spec):
+        return State(cache=cache, logits=logits, method=m.init(spec, cfg, cache, None, lengths))
+    # Vegas needs verification-like scores before its first round. A static score row cannot point at each
+    # prompt's last token in a ragged prefill, so re-run that token as a one-token full-attention step that
+    # emits its query's scores (selection point = its slot, see vegas.py). Its K/V are put back as the
+    # prefill wrote them, so the cache stays bit-identical to plain decoding's.
+    point = lengths - 1
+    b = jnp.arange(cache.batch)
+    saved_k, saved_v = cache.k[:, b, point], cache.v[:, b, point]                 # [L, B, K, H]
+    _, scored, aux = model.forward(params, cfg, last_token[:, None], kv_cache.rollback(cache, point),
+                                   score_rows=(0,), score_mode=spec.score_mode, impl=impl)
+    cache = kv_cache.KVCache(k=scored.k.at[:, b, point].set(saved_k), v=scored.v.at[:, b, point].set(saved_v),
+                             lengths=lengths)
+    return State(cache=cache, logits=logits, method=m.init(spec, cfg, cache, aux["scores"], point))
+
+
+# ------------------------------------------------------------------------------------------- the pieces
+
+def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, mstate, cache, last, key,
+          impl: AttnImpl = AttnImpl()):
+    """gamma sparse one-token forwards of the target (step 1).
+
+    Returns:
+      drafts int32[B, gamma]; q f32[B, gamma, V] processed draft distributions (None for greedy);
+      the cache with lengths advanced by gamma (the caller rolls it back before verifying).
+    """
+    m = _method(spec)
+    sel = m.begin_round(spec, cfg, mstate, cache.lengths)
+
+    def step(carry, j):
+        cache, tok, key = carry
+        key, sub = jax.random.split(key)
+        logits, cache, _ = model.forward(params, cfg, tok[:, None], cache, impl=impl, **m.draft_kwargs(spec, sel, j))
+        logits = logits[:, 0]
+        if samp.greedy:
+            d, q = sampling.greedy(logits), None
+        else:  # lossless rejection sampling needs drafts *sampled* from the processed q
+            q = sampling.process_logits(logits, samp)
+            d = sampling.draw(q, sub)
+        return (cache, d, key), (d, q)
+
+    (cache, _, _), (drafts, q) = jax.lax.scan(step, (cache, last, key), jnp.arange(spec.gamma, dtype=jnp.int32))
+    drafts = drafts.T
+    q = None if q is None else jnp.swapaxes(q, 0, 1)
+    return drafts, q, cache
+
+
+def verify(params, cfg: ModelConfig, spec: SpecConfig, cache, last, drafts, impl: AttnImpl = AttnImpl()):
+    """One full-attention forward over [last, d1..dg] at slots lengths.. (step 2).
+
+    Returns:
+      logits f32[B, gamma+1, V], the cache (lengths + gamma + 1), scores f32[L, B, S] or None.
+    """
+    rows = _method(spec).score_rows(spec)
+    block = jnp.concatenate([last[:, None], drafts], axis=1)
+    logits, cache, aux = model.forward(params, cfg, block, cache, score_rows=rows, score_mode=spec.score_mode,
+                                       impl=impl)
+    return logits, cache, aux.get("scores")
+
+
+def accept(samp: SamplingConfig, drafts, q, target_logits, key):
+    """Lossless acceptance (step 3): n_accepted int32[B] in [0, gamma] and the corrected/bonus token int32[B]."""
+    if samp.greedy:
+        return sampling.verify_greedy(drafts, target_logits)
+    p = sampling.process_logits(target_logits, samp)
+    return sampling.verify_chain(drafts, q, p, key, samp)
+
+
+def emitted(drafts, n_accepted, next_token):
+    """The n + 1 tokens a round emits, int32[B, gamma+1] padded with -1: d1..dn, then next_token."""
+    B, g = drafts.shape
+    i = jnp.arange(g + 1, dtype=jnp.int32)[None]
+    d = jnp.concatenate([drafts, jnp.zeros((B, 1), jnp.int32)], axis=1)
+    n = n_accepted[:, None]
+    return jnp.where(i < n, d, jnp.where(i == n, next_token[:, None], -1))
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+@struct.dataclass
+class _Loop:
+    cache: kv_cache.KVCache
+    mstate: object
+    last: jax.Array      # int32[B] newest emitted token (not in the cache)
+    out: jax.Array       # int32[B, max_new + gamma + 1]: a round may overshoot max_new by up to gamma
+    n_out: jax.Array     # int32[B]
+    done: jax.Array      # bool[B]
+    key: jax.Array
+    rounds: jax.Array    # int32[B]
+    hist: jax.Array      # int32[B, gamma + 1]
+
+
+_STATIC = ("cfg", "spec", "samp", "max_new_tokens", "stop_tokens", "impl")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def run(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state: State, key, max_new_tokens: int,
+        stop_tokens: tuple = (), impl: AttnImpl = AttnImpl()):
+    """Generate up to max_new_tokens per sequence with self-speculative decoding (one while_loop).
+
+    Pure and jittable (static cfg, spec, samp, max_new_tokens, stop_tokens, impl): usable inside the caller's
+    own jit. Standalone, prefer `run_donating`, which updates the cache in place instead of copying it.
+
+    Args:
+      state: from `init`.
+      key: PRNG key (unused for greedy sampling configs).
+      max_new_tokens, stop_tokens: static; a sequence ends after emitting a stop token (kept) or
+        max_new_tokens tokens. Greedy output is token-identical to `decoding.decode`; sampled output has
+        the target's distribution.
+    Returns:
+      tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], SpecStats.
+    """
+    return _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl)[:3]
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
+def run_donating(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state: State, key,
+                 max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl()):
+    """`run` that donates `state` and also returns the final State (its cache aliases the input's buffers,
+    so the while_loop updates the cache in place: no copy of a multi-GB cache per call)."""
+    return _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl)
+
+
+def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl):
+    m = _method(spec)
+    B = state.logits.shape[0]
+    g = spec.gamma
+    stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+
+    def is_stop(t):
+        return jnp.any(t[..., None] == stops, axis=-1)
+
+    key, sub = jax.random.split(key)
+    if samp.greedy:
+        first = sampling.greedy(state.logits)
+    else:
+        first = sampling.draw(sampling.process_logits(state.logits, samp), sub)
+    out = jnp.full((B, max_new_tokens + g + 1), -1, jnp.int32).at[:, 0].set(first)
+    st = _Loop(cache=state.cache, mstate=state.method, last=first, out=out, n_out=jnp.ones((B,), jnp.int32),
+               done=is_stop(first) | (max_new_tokens <= 1), key=key, rounds=jnp.zeros((B,), jnp.int32),
+               hist=jnp.zeros((B, g + 1), jnp.int32))
+
+    def body(st: _Loop) -> _Loop:
+        key, k_draft, k_accept = jax.random.split(st.key, 3)
+        base = st.cache.lengths
+        drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl)
+        cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
+        logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl)
+        n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
+
+        # Emit d1..dn + next, cut after the first stop token and at max_new_tokens; finished rows emit nothing.
+        tokens = emitted(drafts, n_acc, nxt)
+        i = jnp.arange(g + 1, dtype=jnp.int32)[None]
+        stop_at = jnp.where(is_stop(tokens) & (i <= n_acc[:, None]), i, g + 1).min(axis=1)   # g+1: none
+        count = jnp.minimum(jnp.minimum(n_acc + 1, stop_at + 1), max_new_tokens - st.n_out)
+        count = jnp.where(st.done, 0, count)
+        tokens = jnp.where(i < count[:, None], tokens, -1)
+        # Slots >= n_out are still -1, so writing the whole padded row is safe.
+        out = jax.vmap(lambda row, t, s: jax.lax.dynamic_update_slice(row, t, (s,)))(st.out, tokens, st.n_out)
+        n_out = st.n_out + count
+        done = st.done | (stop_at < count) | (n_out >= max_new_tokens)
+
+        active = ~st.done
+        cache = cache.replace(lengths=jnp.where(active, base + n_acc + 1, base))
+        mstate = m.update(spec, st.mstate, cache, scores, base)
+        hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * active[:, None].astype(jnp.int32))
+        return _Loop(cache=cache, mstate=mstate, last=jnp.where(active, nxt, st.last), out=out, n_out=n_out,
+                     done=done, key=key, rounds=st.rounds + active.astype(jnp.int32), hist=hist)
+
+    st = jax.lax.while_loop(lambda st: ~jnp.all(st.done), body, st)
+    final = State(cache=st.cache, logits=state.logits, method=st.mstate)
+    return st.out[:, :max_new_tokens], st.n_out, SpecStats(rounds=st.rounds, accept_hist=st.hist), final

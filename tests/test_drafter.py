@@ -1,0 +1,269 @@
+"""LongSpec drafter: training regimes against hand-computed cases, ring-buffer inference against the
+training forward, bounded cache, training / resume / export on a tiny model."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jspec import kv_cache
+from jspec.api import Model
+from jspec.config import preset
+from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_bytes, drafter_forward_train,
+                           drafter_prefill, drafter_step, init_drafter_cache, init_drafter_params, load_drafter,
+                           noisy_cross_len, sample_anchor_positions, save_drafter)
+from jspec.drafter.train import lr_at, target_last_kv, train_drafter
+from jspec.model import forward
+
+from conftest import random_params, tiny_config
+
+
+def _tiny(arch="llama", **kw):
+    cfg = tiny_config(arch, dtype="float32", **kw)
+    return cfg, jax.tree.map(jnp.asarray, random_params(cfg))
+
+
+# --- training regimes --------------------------------------------------------------------------------------
+
+def test_anchor_positions_hand_computed():
+    assert anchor_positions(8, 2, 100).tolist() == [0, 1, 102, 103, 104, 105, 106, 107]
+    assert anchor_positions(5, 0, 7).tolist() == [7, 8, 9, 10, 11]          # no sink: a pure shift
+    assert anchor_positions(4, 4, 1000).tolist() == [0, 1, 2, 3]             # all sink
+    assert anchor_positions(6, 3, 0).tolist() == [0, 1, 2, 3, 4, 5]          # offset 0: plain indices
+
+
+def test_sample_anchor_positions_fixed_rng():
+    # default_rng(0).integers(0, 5, 3) -> sinks [4, 3, 2]; then .integers(0, 64 - 8 + 1, 3) -> offsets [15, 17, 2]
+    pos = sample_anchor_positions(np.random.default_rng(0), 3, 8, 64)
+    assert pos.dtype == np.int32 and pos.shape == (3, 8)
+    assert pos.tolist() == [[0, 1, 2, 3, 19, 20, 21, 22],
+                            [0, 1, 2, 20, 21, 22, 23, 24],
+                            [0, 1, 4, 5, 6, 7, 8, 9]]
+    big = sample_anchor_positions(np.random.default_rng(1), 64, 32, 4096)
+    assert big.max() < 4096 and big.max() > 1000                            # long distances get exercised
+
+
+def test_noisy_cross_attention_mask_hand_computed():
+    cl = noisy_cross_len(2, 6, 2)
+    assert cl.tolist() == [[0, 0, 1, 2, 3, 4]] * 2
+    # query t sees target slot j iff j <= t - 2
+    expect = np.array([[0, 0, 0, 0, 0, 0],
+                       [0, 0, 0, 0, 0, 0],
+                       [1, 0, 0, 0, 0, 0],
+                       [1, 1, 0, 0, 0, 0],
+                       [1, 1, 1, 0, 0, 0],
+                       [1, 1, 1, 1, 0, 0]], bool)
+    np.testing.assert_array_equal(np.asarray(cross_mask(cl, 6))[0], expect)
+    assert noisy_cross_len(1, 4, 1).tolist() == [[0, 1, 2, 3]]               # lag 1: every slot before t
+
+
+def test_attend_hidden_rows_are_zero_with_finite_grads():
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(k1, (1, 3, 4, 8))
+    k = jax.random.normal(k2, (1, 5, 2, 8))
+    v = jax.random.normal(k3, (1, 5, 2, 8))
+    vis = cross_mask(noisy_cross_len(1, 3, 2), 5)                          # rows 0, 1 see nothing; row 2 slot 0
+    out, g = jax.jit(lambda q: (attend(q, k, v, vis), jax.grad(lambda q: jnp.sum(attend(q, k, v, vis) ** 2))(q)))(q)
+    np.testing.assert_array_equal(np.asarray(out[0, :2]), 0.0)
+    np.testing.assert_allclose(out[0, 2], jnp.repeat(v[0, 0], 2, axis=0), rtol=1e-6, atol=1e-6)  # one key: its value
+    assert np.isfinite(np.asarray(g)).all()
+
+
+def test_init_final_norm_from_target():
+    for arch, factor in (("llama", 1.0), ("qwen3", 0.1)):                   # qwen3 tiny has a tied head
+        cfg, tp = _tiny(arch)
+        dp = init_drafter_params(cfg, jax.random.key(0), target_params=tp)
+        np.testing.assert_allclose(dp["final_norm"], factor * tp["final_norm"], rtol=1e-6)
+        assert "embed" not in dp and "lm_head" not in dp and dp["wq_x"].shape == (64, 4, 16)
+
+
+# --- inference == training ---------------------------------------------------------------------------------
+
+def test_ring_buffer_step_matches_training_forward():
+    """Chunks of 1, 3 and 9 tokens over 37 tokens with a window of 8: every position's logits equal the
+    training forward's with the same cross-attention visibility (per-row target lengths, varying by chunk)."""
+    cfg, tp = _tiny("llama")
+    W, T, B = 8, 37, 2
+    dp = init_drafter_params(cfg, jax.random.key(1), target_params=tp, scale=0.3)
+    keys = jax.random.split(jax.random.key(2), 3)
+    tokens = jax.random.randint(keys[0], (B, T), 0, cfg.vocab_size)
+    tk = jax.random.normal(keys[1], (B, T, cfg.n_kv_heads, cfg.head_dim))
+    tv = jax.random.normal(keys[2], (B, T, cfg.n_kv_heads, cfg.head_dim))
+
+    sizes = [1, 9, 3, 1, 9, 3, 1, 9, 1]                       # 3 shapes to compile; chunks longer than W
+    assert sum(sizes) == T
+    dcache = init_drafter_cache(cfg, batch=B, window=W)
+    step = jax.jit(drafter_step, static_argnames=("cfg",))
+    got, cross_len, a = [], np.zeros((B, T), np.int32), 0
+    for c, n in enumerate(sizes):
+        tlen = np.array([max(a - c % 3, 0), a], np.int32)     # row 0 lags 0..2 tokens behind, row 1 none
+        cross_len[:, a:a + n] = tlen[:, None]
+        logits, dcache = step(dp, tp, cfg, tokens[:, a:a + n], dcache, tk, tv, jnp.asarray(tlen))
+        got.append(logits)
+        a += n
+        assert dcache.k.shape == (B, W, cfg.n_kv_heads, cfg.head_dim)
+    got = jnp.concatenate(got, axis=1)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    train_fwd = jax.jit(drafter_forward_train, static_argnames=("cfg", "window"))
+    want = train_fwd(dp, tp, cfg, tokens, positions, tk, tv, jnp.asarray(cross_len), window=W)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(dcache.lengths, [T, T])
+    np.testing.assert_array_equal(np.sort(np.asarray(dcache.pos), axis=1), np.arange(T - W, T)[None].repeat(B, 0))
+    # the window matters: a wider one gives different logits late in the sequence
+    wide = train_fwd(dp, tp, cfg, tokens, positions, tk, tv, jnp.asarray(cross_len), window=16)
+    assert np.abs(np.asarray(wide - want)[:, 20:]).max() > 1e-3
+
+
+def test_prefill_ragged_then_step_matches_training_forward():
+    """qwen3 (tied head): a ragged prompt batch (one row longer than the window, one shorter) prefilled from
+    its last W tokens, then a 3-token chunk; both equal the training forward over the whole sequence."""
+    cfg, tp = _tiny("qwen3")
+    W, P, B = 8, 20, 2
+    dp = init_drafter_params(cfg, jax.random.key(3), target_params=tp, scale=0.3)
+    keys = jax.random.split(jax.random.key(4), 3)
+    seq = jax.random.randint(keys[0], (B, P + 3), 0, cfg.vocab_size)
+    tk = jax.random.normal(keys[1], (B, P + 3, cfg.n_kv_heads, cfg.head_dim))
+    tv = jax.random.normal(keys[2], (B, P + 3, cfg.n_kv_heads, cfg.head_dim))
+    plen = np.array([P, 5])
+    prompt = jnp.where(jnp.arange(P)[None] < plen[:, None], seq[:, :P], 0)
+    prefill = jax.jit(drafter_prefill, static_argnames=("cfg", "window"))
+    logits, dc = prefill(dp, tp, cfg, prompt, plen, tk, tv, plen - 1, window=W)
+    np.testing.assert_array_equal(dc.lengths, plen)
+    nxt = jnp.take_along_axis(seq, jnp.asarray(plen)[:, None] + jnp.arange(3)[None], axis=1)
+    logits2, dc = jax.jit(drafter_step, static_argnames=("cfg",))(dp, tp, cfg, nxt, dc, tk, tv, jnp.asarray(plen))
+    # Training-mode reference on the whole sequence (causal, so row b's padding beyond plen+3 is harmless):
+    # the prompt's last token saw target slots < plen - 1, the chunk saw < plen.
+    t = np.arange(P + 3)[None]
+    cl = np.where(t < plen[:, None], plen[:, None] - 1, plen[:, None]).astype(np.int32)
+    want = drafter_forward_train(dp, tp, cfg, seq, jnp.broadcast_to(jnp.arange(P + 3), (B, P + 3)), tk, tv,
+                                 jnp.asarray(cl), window=W)
+    for b in range(B):
+        L = int(plen[b])
+        np.testing.assert_allclose(logits[b, 0], want[b, L - 1], rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(logits2[b], want[b, L:L + 3], rtol=2e-5, atol=2e-5)
+
+
+def test_drafter_cache_size_independent_of_context():
+    cfg = preset("smollm2-135m")
+    dp = jax.eval_shape(lambda: init_drafter_params(cfg, jax.random.key(0)))
+    tp = {"embed": jax.ShapeDtypeStruct((cfg.vocab_size, cfg.d_model), jnp.bfloat16),
+          "final_norm": jax.ShapeDtypeStruct((cfg.d_model,), jnp.bfloat16)}
+    B = 4
+
+    def shapes(S):
+        tk = jax.ShapeDtypeStruct((B, S, cfg.n_kv_heads, cfg.head_dim), jnp.bfloat16)
+        dc = jax.eval_shape(lambda: init_drafter_cache(cfg, batch=B))
+        tl = jax.ShapeDtypeStruct((B,), jnp.int32)
+        tok = jax.ShapeDtypeStruct((B, 1), jnp.int32)
+        return jax.eval_shape(lambda *a: drafter_step(*a[:2], cfg, *a[2:]), dp, tp, tok, dc, tk, tk, tl)
+
+    (l1, c1), (l2, c2) = shapes(1024), shapes(100_000)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), c1) == jax.tree.map(lambda x: (x.shape, x.dtype), c2)
+    assert c1.k.shape == (B, 512, cfg.n_kv_heads, cfg.head_dim) and l1.shape == (B, 1, cfg.vocab_size)
+    assert drafter_bytes(c1) == B * (2 * 512 * 3 * 64 * 2 + 512 * 4 + 4)     # 0.75 MiB per sequence
+
+
+def test_target_last_kv_matches_plain_prefill():
+    """The anchor-offset target forward (empty cache + Tree(depth=positions, causal mask)) equals a plain
+    prefill when the positions are 0..T-1."""
+    cfg, tp = _tiny()
+    B, T = 2, 12
+    tokens = jax.random.randint(jax.random.key(5), (B, T), 0, cfg.vocab_size)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    k, v = target_last_kv(tp, cfg, tokens, pos)
+    _, cache, _ = forward(tp, cfg, tokens, kv_cache.init(cfg, batch=B, capacity=T, dtype=jnp.float32))
+    np.testing.assert_allclose(k, cache.k[-1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(v, cache.v[-1], rtol=1e-5, atol=1e-5)
+
+
+# --- training, resume, export ------------------------------------------------------------------------------
+
+class _ByteTokenizer:
+    """ASCII bytes mod V: enough of a tokenizer for the data path on a tiny model."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def encode(self, text, add_special_tokens=False):
+        return [3 + b % (self.vocab - 3) for b in text.encode("utf-8")]
+
+
+def _tiny_model(seed=0):
+    cfg = tiny_config("llama", dtype="float32", max_position=512)
+    tp = jax.tree.map(lambda x: jnp.asarray(0.3 * x), random_params(cfg, seed))
+    return Model(params=tp, cfg=cfg, tokenizer=_ByteTokenizer(cfg.vocab_size), path="tiny")
+
+
+# One set of static settings for every training test, so the jitted step compiles once per session.
+_TRAIN = dict(steps=16, batch=4, seq_len=32, lr=3e-3, warmup=2, window=8, log_every=1, progress=False, ckpt_every=0)
+
+
+def test_lr_schedule_warmup_then_cosine():
+    lr = [lr_at(s, lr=1.0, warmup=4, steps=14) for s in range(15)]
+    np.testing.assert_allclose(lr[:4], [0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(lr[4], 1.0)                                   # cosine starts at the peak
+    np.testing.assert_allclose(lr[9], 0.1 + 0.9 * 0.5, rtol=1e-12)          # halfway: the mean
+    np.testing.assert_allclose(lr[14], 0.1)                                  # ends at 10% of the peak
+    assert all(a >= b for a, b in zip(lr[4:], lr[5:]))
+
+
+def test_training_reduces_loss(tmp_path):
+    m = _tiny_model()
+    rng = np.random.default_rng(0)
+    motifs = rng.integers(3, m.cfg.vocab_size, size=(6, 12))   # repeated motifs: learnable by copying
+    stream = motifs[rng.integers(0, 6, size=400)].reshape(-1)
+    s = train_drafter(model=m, tokens=stream, out=str(tmp_path / "run"), seed=0, **_TRAIN)
+    recs = [json.loads(line) for line in open(s["log"])]
+    losses = [r["loss"] for r in recs]
+    assert len(losses) == 16 and s["finished"]
+    assert np.mean(losses[-5:]) < losses[0] - 0.5, losses
+    assert os.path.isfile(s["plot"]) and os.path.getsize(s["plot"]) > 1000
+
+
+def test_resume_continues_identically(tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    (data / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    (data / "b.py").write_text("def f(x):\n    return x * 2 + 1\n" * 60)
+    m = _tiny_model()
+    kw = dict(model=m, data_dir=str(data), seed=3, eval_every=4, n_eval_chunks=2, **_TRAIN)
+    full = train_drafter(out=str(tmp_path / "full"), **kw)
+    part = train_drafter(out=str(tmp_path / "part"), stop_at=7, **kw)
+    assert part["step"] == 7 and not part["finished"]
+    with pytest.raises(FileExistsError):
+        train_drafter(out=str(tmp_path / "part"), **kw)
+    resumed = train_drafter(out=str(tmp_path / "part"), resume=True, **kw)
+    assert resumed["step"] == 16 and resumed["finished"]
+
+    def log(p):
+        return [json.loads(line) for line in open(p)]
+
+    a, b = log(full["log"]), log(resumed["log"])
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for key in ("loss", "eval_loss", "grad_norm", "lag"):
+            if key in ra:
+                assert ra[key] == rb[key], (ra, rb)
+    pa, pb = load_drafter(full["drafter"], dtype="float32"), load_drafter(resumed["drafter"], dtype="float32")
+    for k in pa.params:
+        np.testing.assert_array_equal(pa.params[k], pb.params[k])
+    with pytest.raises(ValueError, match="settings differ"):
+        train_drafter(out=str(tmp_path / "part"), resume=True, **{**kw, "seed": 4})
+
+
+def test_bf16_export_roundtrip(tmp_path):
+    cfg = preset("smollm2-135m")
+    dp = init_drafter_params(cfg, jax.random.key(0), scale=0.05)
+    dp["final_norm"] = dp["final_norm"] * 1.5
+    path = save_drafter(str(tmp_path / "d"), dp, cfg, window=256, meta={"note": "x"})
+    d = load_drafter(path)
+    assert d.cfg == cfg and d.window == 256 and d.meta == {"note": "x"}
+    assert set(d.params) == set(dp)
+    for k in dp:
+        assert d.params[k].dtype == jnp.bfloat16 and d.params[k].shape == dp[k].shape
+        np.testing.assert_array_equal(np.asarray(d.params[k]), np.asarray(dp[k].astype(jnp.bfloat16)))
+    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+    n = sum(x.size for x in jax.tree.leaves(dp))
+    assert 4_000_000 < n < 5_000_000 and size < 3 * n          # one block: ~4.3M params, ~9 MB in bf16

@@ -1,0 +1,223 @@
+"""Self-speculative decoding (jspec/speculative) on tiny random float32 models.
+
+- greedy output is token-identical to plain greedy decoding (`decoding.prefill` + `decode`) for every method,
+  two model families, a ragged batch, a budget so small that most drafts are rejected, and a stop token;
+- with a budget covering the whole context every draft step is exact full attention, so every draft is
+  accepted: this checks the selections themselves (identity alone cannot: verification repairs anything);
+- sampled output follows the target distribution (chi-square on the tokens a round emits);
+- the pure-function API inside a user's jit, `jspec.generate(method=...)`, and input errors.
+
+Shapes (batch, padding, capacity, max_new_tokens) are shared so each jitted function compiles once per
+configuration.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import jspec
+from jspec import decoding as gen
+from jspec import kv_cache, model, sampling, speculative
+from jspec.config import ModelConfig, RopeScaling, SamplingConfig
+from jspec.speculative import SpecConfig
+
+GREEDY = SamplingConfig()
+NEW = 20
+CAPACITY = 80
+PROMPT_LENGTHS = (3, 29, 17)     # ragged; the 3-token prompt fits in any budget for its first rounds
+
+
+def tiny(arch, **kw):
+    base = dict(arch=arch, vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                ffn_dim=96, rope_theta=10000.0, dtype="float32", max_position=256, eos_token_ids=())
+    if arch == "llama":
+        base["rope_scaling"] = RopeScaling(factor=8.0, original_max_position=32)
+    if arch == "qwen3":
+        base["tie_embeddings"] = True
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+VARIANTS = {
+    "streaming": dict(method="streaming", sink=2),
+    "quest": dict(method="quest", page_size=4),
+    "vegas": dict(method="vegas"),
+    "vegas-all-logits": dict(method="vegas", collect="all", score_mode="logits"),
+}
+# llama: a budget of 8 slots, so most drafts are rejected (identity must not depend on draft quality).
+# qwen3: a budget covering the whole cache, so every draft step must be exact full attention and every
+# draft accepted -- this checks the selections themselves, which identity alone cannot (verification
+# repairs any draft).
+BUDGETS = {"llama": 8, "qwen3": CAPACITY}
+
+
+def variant(arch, name):
+    return SpecConfig(gamma=3, budget=BUDGETS[arch], **VARIANTS[name])
+
+
+@functools.lru_cache(maxsize=None)
+def setup(arch):
+    """Model, prompts and the plain-decoding reference (once per family)."""
+    cfg = tiny(arch)
+    params = model.init_params(cfg, jax.random.key(1), scale=0.3)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(4, cfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
+    tokens, lengths = gen.pad_prompts(prompts, multiple=32)
+    cache = kv_cache.init(cfg, batch=len(prompts), capacity=CAPACITY)
+    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    free, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    free = np.asarray(free)
+    # A stop token that row 0 emits early and row 1 never does: one row stops, another runs to NEW.
+    stop = next((int(t) for t in free[0, 3:10] if t not in free[1]), int(free[0, 3]))
+    ref = []
+    for row in free.tolist():   # decoding.decode keeps the stop token and ends there (tests/test_model.py)
+        ref.append(row[:row.index(stop) + 1] if stop in row else row)
+    return cfg, params, jnp.asarray(tokens), jnp.asarray(lengths), stop, ref
+
+
+def spec_generate(cfg, params, spec, tokens, lengths, *, stops=(), samp=GREEDY, key=0, new=NEW, capacity=CAPACITY):
+    state = speculative.init(params, cfg, spec, tokens, lengths, capacity)
+    out, n_out, st, _ = speculative.run_donating(params, cfg, spec, samp, state, jax.random.key(key), new,
+                                                 stop_tokens=stops)
+    out, n_out = np.asarray(out), np.asarray(n_out)
+    return [out[b, :n_out[b]].tolist() for b in range(len(n_out))], out, st
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("arch", list(BUDGETS))
+def test_greedy_identical_to_plain_decoding(arch, name):
+    cfg, params, tokens, lengths, stop, ref = setup(arch)
+    spec = variant(arch, name)
+    got, out, st = spec_generate(cfg, params, spec, tokens, lengths, stops=(stop,))
+    assert got == ref
+    assert all((out[b, len(g):] == -1).all() for b, g in enumerate(got))   # a stopped row stops changing
+    assert any(len(r) < NEW for r in ref) and any(len(r) == NEW for r in ref)    # the stop case is exercised
+    hist = np.asarray(st.accept_hist)
+    if BUDGETS[arch] < CAPACITY:
+        assert st.tau() < 2.0 and hist[:, 0].sum() > 0       # mostly rejected drafts
+    else:
+        assert hist[:, :spec.gamma].sum() == 0, hist          # exact drafts: every round accepts all gamma
+    # Every round emits n_accepted + 1 tokens; the first token comes from the prefill.
+    emitted = (hist * np.arange(1, spec.gamma + 2)).sum(1)
+    assert (emitted >= np.array([len(r) for r in ref]) - 1).all()
+    assert (np.asarray(st.rounds) == hist.sum(1)).all()
+
+
+def test_sampled_rounds_follow_the_target_distribution():
+    """Chi-square: the 2nd and 3rd emitted tokens (the first round's output and, after a rejection, the next
+    round's) have the target's marginal distribution, computed exactly by enumerating the earlier tokens."""
+    cfg = tiny("qwen3", vocab_size=16, d_model=32, ffn_dim=48)
+    params = model.init_params(cfg, jax.random.key(3), scale=0.6)
+    samp = SamplingConfig(temperature=0.9, top_k=12)
+    N = 8000
+    prompt = np.random.default_rng(7).integers(0, 16, 12)
+    tokens = jnp.asarray(np.tile(prompt, (N, 1)), jnp.int32)
+    lengths = jnp.full((N,), 12, jnp.int32)
+    spec = SpecConfig("vegas", gamma=3, budget=3)
+    _, out, st = spec_generate(cfg, params, spec, tokens, lengths, samp=samp, key=11, new=3, capacity=20)
+    hist = np.asarray(st.accept_hist).sum(0)
+    assert hist[0] > 0.05 * hist.sum() and hist[1:].sum() > 0.2 * hist.sum(), hist   # q differs from p
+
+    # Exact target marginals: p(t0), p(t1) = sum_t0 p(t0) p(t1|t0), p(t2) likewise over (t0, t1).
+    V = cfg.vocab_size
+
+    # One forward over all V*V continuations prompt + (t0, t1); row t0*V + t1.
+    seqs = np.concatenate([np.tile(prompt, (V * V, 1)), np.repeat(np.arange(V), V)[:, None],
+                           np.tile(np.arange(V), V)[:, None]], 1)
+    cache = kv_cache.init(cfg, batch=V * V, capacity=seqs.shape[1])
+    logits = jax.jit(model.forward, static_argnums=1)(params, cfg, jnp.asarray(seqs, jnp.int32), cache)[0]
+    p = np.asarray(sampling.process_logits(logits[:, -3:], samp), np.float64)    # [V*V, 3, V]
+    p0 = p[0, 0]
+    p1 = p[::V, 1]                                                        # [t0, V]
+    p2 = p[:, 2].reshape(V, V, V)                                         # [t0, t1, V]
+    marg = [p0, p0 @ p1, np.einsum("a,ab,abc->c", p0, p1, p2)]
+    for pos, p in enumerate(marg):
+        counts = np.bincount(out[:, pos], minlength=V)
+        assert counts[p == 0].sum() == 0                                  # top-k removed tokens never appear
+        keep = p * N >= 5
+        obs = np.append(counts[keep], counts[~keep].sum())
+        exp = np.append(p[keep], p[~keep].sum()) * N
+        obs, exp = obs[exp > 0], exp[exp > 0]
+        exp = exp * obs.sum() / exp.sum()
+        assert stats.chisquare(obs, exp).pvalue > 1e-3, (pos, obs, exp.round(1))
+
+
+def test_pure_api_inside_a_user_jit():
+    cfg, params, tokens, lengths, _, _ = setup("llama")
+    spec = variant("llama", "streaming")
+
+    @functools.partial(jax.jit, static_argnames=("cfg", "spec"))
+    def user_fn(params, tokens, lengths, key, cfg, spec):
+        state = speculative.init(params, cfg, spec, tokens, lengths, CAPACITY)
+        return speculative.run(params, cfg, spec, GREEDY, state, key, NEW)
+
+    out, n_out, st = user_fn(params, tokens, lengths, jax.random.key(0), cfg=cfg, spec=spec)
+    got, _, _ = spec_generate(cfg, params, spec, tokens, lengths)
+    assert [np.asarray(out)[b, :int(n_out[b])].tolist() for b in range(3)] == got
+    assert st.accept_hist.shape == (3, spec.gamma + 1)
+
+
+def test_prepare_reuses_a_prefilled_and_decoded_cache():
+    """One prefill serves several methods (what bench/spec.py does): decode, roll back, prepare, run."""
+    cfg, params, tokens, lengths, stop, ref = setup("llama")
+    cache = kv_cache.init(cfg, batch=3, capacity=CAPACITY)
+    logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
+    _, _, cache = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    spec = variant("llama", "vegas")
+    state = speculative.prepare(params, cfg, spec, kv_cache.rollback(cache, lengths), logits, last)
+    out, n_out, _, _ = speculative.run_donating(params, cfg, spec, GREEDY, state, jax.random.key(0), NEW,
+                                                stop_tokens=(stop,))
+    assert [np.asarray(out)[b, :int(n_out[b])].tolist() for b in range(3)] == ref
+
+
+class _Tok:
+    eos_token_id = None
+
+    def encode(self, text, add_special_tokens=False):
+        return [4 + ord(c) % 90 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def test_generate_api_fills_speculative_stats_and_rejects_bad_requests():
+    cfg, params, _, _, _, _ = setup("qwen3")
+    m = jspec.Model(params=params, cfg=cfg, tokenizer=_Tok(), path="")
+    prompts = [[5, 6, 7, 8, 9], list(range(10, 40))]
+    ar = jspec.generate(m, prompts, method="ar", max_new_tokens=12)
+    out = jspec.generate(m, prompts, method="vegas", max_new_tokens=12, gamma=2, budget=8, min_tokens=8)
+    assert out.tokens == ar.tokens
+    s = out.stats
+    assert s.method == "vegas" and s.knobs["gamma"] == 2 and len(s.accept_hist) == 3
+    assert s.tau == pytest.approx(sum((n + 1) * c for n, c in enumerate(s.accept_hist)) / sum(s.accept_hist))
+    assert sum(s.rounds) == sum(s.accept_hist)
+    with pytest.raises(jspec.InputError, match="unknown method 'medusa'"):
+        jspec.generate(m, prompts, method="medusa")
+    with pytest.raises(jspec.InputError, match="gamma=0"):
+        jspec.generate(m, prompts, method="streaming", gamma=0)
+    with pytest.raises(jspec.InputError, match="budget=2 must be >= sink=4"):
+        jspec.generate(m, prompts, method="streaming", budget=2)
+    with pytest.raises(jspec.InputError, match="gamma \\+ 1 = 5 cache slots"):
+        jspec.generate(m, prompts, method="vegas", max_new_tokens=10, capacity=40)
+    with pytest.raises(jspec.InputError, match="only apply to speculative"):
+        jspec.generate(m, prompts, method="ar", collect="all")
+
+
+def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
+    from jspec import cli
+    cfg, params, _, _, _, _ = setup("qwen3")
+    monkeypatch.setattr(jspec, "load", lambda name: jspec.Model(params=params, cfg=cfg, tokenizer=_Tok(), path=""))
+    argv = ["generate", "--prompt", "speculate!", "--batch", "2", "--max-new-tokens", "12", "--json"]
+    assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8"]) == 0
+    import json
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["stats"]["knobs"]["gamma"] == 2 and res["stats"]["tau"] >= 1
+    assert cli.main(argv + ["--method", "ar"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
+    assert cli.main(argv + ["--method", "streaming", "--budget", "2"]) == 2
+    assert "budget=2 must be >= sink=4" in capsys.readouterr().err
+    assert cli.main(argv + ["--method", "ar", "--collect", "all"]) == 2
