@@ -20,7 +20,7 @@ import numpy as np
 
 from jspec.config import ModelConfig, RopeScaling
 
-from .layout import CheckpointError, Collector, numpy_dtype, progress_bar, short_float
+from .layout import CheckpointError, Collector, map_name, numpy_dtype, progress_bar, short_float
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -183,12 +183,7 @@ def _config(path: str, arch: str, meta: dict, tok: dict, tensors: dict) -> Model
 
 
 def _our_name(name: str) -> tuple[Optional[str], Optional[int]]:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name], None
-    m = _LAYER_RE.match(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return _LAYER_NAMES[m.group(2)], int(m.group(1))
-    return None, None
+    return map_name(name, _TOP_NAMES, _LAYER_RE, _LAYER_NAMES)
 
 
 def _open(path: str):

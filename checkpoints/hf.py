@@ -10,7 +10,7 @@ import numpy as np
 
 from jspec.config import ModelConfig, RopeScaling
 
-from .layout import CheckpointError, Collector, numpy_dtype, progress_bar
+from .layout import CheckpointError, Collector, map_name, numpy_dtype, progress_bar
 
 # model_type -> the one `architectures` entry we accept for it.
 SUPPORTED = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -161,12 +161,7 @@ def _ids(*values) -> tuple[int, ...]:
 
 
 def _our_name(name: str) -> tuple[Optional[str], Optional[int]]:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name], None
-    m = _LAYER_RE.match(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return _LAYER_NAMES[m.group(2)], int(m.group(1))
-    return None, None
+    return map_name(name, _TOP_NAMES, _LAYER_RE, _LAYER_NAMES)
 
 
 def _safetensors_files(src_dir: str) -> list[str]:

@@ -175,3 +175,16 @@ def progress_bar(total: int, desc: str, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="tensor", disable=not enabled)
+
+
+def map_name(name: str, top_names: dict, layer_re, layer_names: dict):
+    """(our leaf name, layer index or None) of a source tensor name, or (None, None) if it is not ours.
+
+    top_names: source name -> leaf for whole-model tensors; layer_re: a regex whose groups are (layer index,
+    per-layer suffix); layer_names: per-layer suffix -> leaf."""
+    if name in top_names:
+        return top_names[name], None
+    m = layer_re.match(name)
+    if m and m.group(2) in layer_names:
+        return layer_names[m.group(2)], int(m.group(1))
+    return None, None
