@@ -3,19 +3,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-find_python() {
-  local c
-  for c in "${PYTHON:-}" python3.13 python3.12 python3; do
-    [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 || continue
-    if "$c" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
-      command -v "$c"; return 0
+find_python() {  # Python 3.12 first (the GPU machine's version), then any newer one
+  local c v
+  if [ -n "${PYTHON:-}" ] && "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
+    command -v "$PYTHON"; return 0
+  fi
+  for v in 3.12 3.13 3.14; do
+    for c in "python$v" python3; do
+      [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 || continue
+      if "$c" -c "import sys; sys.exit(0 if '%d.%d' % sys.version_info[:2] == '$v' else 1)" 2>/dev/null; then
+        command -v "$c"; return 0
+      fi
+    done
+    if command -v pyenv >/dev/null 2>&1; then  # pyenv installs that are not on PATH
+      for c in $(ls -d "$(pyenv root)"/versions/$v.* 2>/dev/null | sort -V -r); do
+        [ -x "$c/bin/python3" ] && { echo "$c/bin/python3"; return 0; }
+      done
     fi
   done
-  if command -v pyenv >/dev/null 2>&1; then  # pyenv installs that are not on PATH
-    for c in $(ls -d "$(pyenv root)"/versions/3.1[2-9]* 2>/dev/null | sort -V -r); do
-      [ -x "$c/bin/python3" ] && { echo "$c/bin/python3"; return 0; }
-    done
-  fi
   return 1
 }
 
