@@ -249,3 +249,15 @@ def finalize(carry):
     l_safe = jnp.where(empty, 1.0, l)
     lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(l_safe)) * LN2)
     return acc / l_safe[:, None], lse
+
+
+def run_key_blocks(lo, mid, hi, body, o_ref, lse_ref):
+    """Online softmax over key blocks [lo, mid) unmasked then [mid, hi) masked (`body(masked)` is the
+    fori_loop step), then normalise and store this program's out [bm, H] and lse [bm]."""
+    block_m, head_dim = o_ref.shape
+    carry = init_carry(block_m, head_dim)
+    carry = lax.fori_loop(lo, mid, body(False), carry)
+    carry = lax.fori_loop(mid, hi, body(True), carry)
+    o, lse = finalize(carry)
+    o_ref[...] = o.astype(o_ref.dtype)
+    lse_ref[...] = lse

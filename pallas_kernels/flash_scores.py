@@ -25,7 +25,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -130,12 +129,7 @@ def _flash_kernel(kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal
 
         return step
 
-    carry = C.init_carry(block_m, head_dim)
-    carry = lax.fori_loop(lo, mid, body(False), carry)
-    carry = lax.fori_loop(mid, hi, body(True), carry)
-    o, lse = C.finalize(carry)
-    o_ref[...] = o.astype(o_ref.dtype)
-    lse_ref[...] = lse
+    C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
 
 
 def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, interpret, out_dtype, layer=None,

@@ -21,7 +21,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import pallas as pl
 
 from . import _common as C
@@ -66,12 +65,7 @@ def _sparse_kernel(n_valid_ref, n_total_ref, idx_ref, q_ref, k_ref, v_ref, o_ref
 
         return step
 
-    carry = C.init_carry(block_m, head_dim)
-    carry = lax.fori_loop(lo, mid, body(False), carry)
-    carry = lax.fori_loop(mid, hi, body(True), carry)
-    o, lse = C.finalize(carry)
-    o_ref[...] = o.astype(o_ref.dtype)
-    lse_ref[...] = lse
+    C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
 
 
 @functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "layer"))
