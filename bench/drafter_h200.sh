@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# LongSpec drafter for SmolLM2-135M on the H200 (issue 6). Run from the repo root on the GPU machine after the
+# model is staged (../shared/gpu/README.md), with .carry/train (training text) carried:
+#   bash bench/drafter_h200.sh main      # the committed drafter: --budget-s 450 of training
+#   bash bench/drafter_h200.sh ablation  # full / no-anchor-offset / no-noisy-xattn, equal steps
+# Training text: the corpus files in .carry/train (kjv, jargon, python-docs, Mansfield Park, stdtypes.rst) and
+# the machine's top-level stdlib modules, minus every text the benchmarks draw prompts from (held out:
+# Emma, Sense and Sensibility, the corpus's stdlib-*.py modules and bench/spec.py's CODE_MODULES).
+set -euo pipefail
+mode=${1:?main or ablation}
+data=/root/drafter-train
+if [ ! -d "$data" ]; then
+  mkdir -p "$data" && cp .carry/train/* "$data/"
+  python3 - "$data" <<'PY'
+import pathlib, shutil, sys, sysconfig
+held = {"inspect", "typing", "argparse", "dataclasses", "functools", "pathlib", "subprocess", "_pydecimal",
+        "turtle", "decimal"}
+root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+n = 0
+for p in sorted(root.glob("*.py")):
+    if p.stem not in held:
+        shutil.copy(p, pathlib.Path(sys.argv[1]) / f"stdlib-{p.name}")
+        n += 1
+print(f"training text: {n} stdlib modules + corpus files")
+PY
+fi
+du -sh "$data"
+case "$mode" in
+  main) python3 bench/train_drafter.py --data "$data" --out "$OUT/drafter_smollm2" --budget-s "${BUDGET_S:-450}" \
+          --overwrite ;;
+  ablation) python3 bench/drafter_ablation.py --data "$data" --out "$OUT/ablation" --steps "${STEPS:-150}" ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
