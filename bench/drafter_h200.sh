@@ -4,7 +4,7 @@
 #   bash bench/drafter_h200.sh main      # the committed drafter: --budget-s 450 of training
 #   bash bench/drafter_h200.sh ablation  # full / no-anchor-offset / no-noisy-xattn, equal steps
 # Training text: the corpus files in .carry/train (kjv, jargon, python-docs, Mansfield Park, stdtypes.rst) and
-# the machine's top-level stdlib modules, minus every text the benchmarks draw prompts from (held out:
+# the machine's stdlib (.py, tests excluded), minus every text the benchmarks draw prompts from (held out:
 # Emma, Sense and Sensibility, the corpus's stdlib-*.py modules and bench/spec.py's CODE_MODULES).
 set -euo pipefail
 mode=${1:?main or ablation}
@@ -17,17 +17,23 @@ held = {"inspect", "typing", "argparse", "dataclasses", "functools", "pathlib", 
         "turtle", "decimal"}
 root = pathlib.Path(sysconfig.get_paths()["stdlib"])
 n = 0
-for p in sorted(root.glob("*.py")):
-    if p.stem not in held:
-        shutil.copy(p, pathlib.Path(sys.argv[1]) / f"stdlib-{p.name}")
-        n += 1
+for p in sorted(root.rglob("*.py")):
+    rel = p.relative_to(root)
+    if p.stem in held or rel.parts[0] in ("site-packages", "dist-packages", "test", "idlelib") or \
+            "collections" in rel.parts:   # collections/__init__ is a benchmark prompt
+        continue
+    shutil.copy(p, pathlib.Path(sys.argv[1]) / ("stdlib-" + "_".join(rel.parts)))
+    n += 1
 print(f"training text: {n} stdlib modules + corpus files")
 PY
 fi
 du -sh "$data"
 case "$mode" in
   main) python3 bench/train_drafter.py --data "$data" --out "$OUT/drafter_smollm2" --budget-s "${BUDGET_S:-450}" \
-          --overwrite ;;
-  ablation) python3 bench/drafter_ablation.py --data "$data" --out "$OUT/ablation" --steps "${STEPS:-150}" ;;
+          --steps "${STEPS:-0}" --overwrite
+        rm -rf "$OUT/drafter_smollm2/ckpt" && tar -C "$OUT/drafter_smollm2" -cf "$OUT/drafter_smollm2/drafter.tar" drafter ;;
+  ablation) python3 bench/drafter_ablation.py --data "$data" --out "$OUT/ablation" --steps "${STEPS:-150}"
+            for d in "$OUT"/ablation/*/; do rm -rf "$d/ckpt"; tar -C "$d" -cf "$d/drafter.tar" drafter; done
+            rm -rf "$OUT/ablation/_tokens" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

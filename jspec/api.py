@@ -24,6 +24,7 @@ class Model:
     cfg: ModelConfig
     tokenizer: Any
     path: str
+    mesh: Any = None    # a 1-D tensor-parallel jax Mesh when params are head-sharded (`load(devices=N)`)
 
     @property
     def stop_tokens(self) -> tuple[int, ...]:
@@ -56,15 +57,29 @@ class Output:
     stats: Stats
 
 
-def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, progress: bool = True) -> Model:
-    """Load a converted checkpoint; a known model name is fetched and converted on first use."""
+def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, progress: bool = True,
+         devices: int = 1) -> Model:
+    """Load a converted checkpoint; a known model name is fetched and converted on first use.
+
+    devices: tensor-parallel degree: N > 1 shards the heads (and the FFN width) over a 1-D mesh of the first
+      N jax devices (jspec/sharding.py); generation then keeps the KV cache sharded the same way. N must not
+      exceed the devices present and must divide the query heads, the KV heads and the FFN width
+      (`jspec.sharding.ShardingError`, a ValueError, says which otherwise). 1: one device, no mesh.
+    """
     import checkpoints
     from transformers import AutoTokenizer
 
     path = checkpoints.resolve(name_or_dir, progress=progress)
-    params, cfg = checkpoints.load(path, dtype=dtype)
+    mesh, shardings = None, None
+    if devices != 1:
+        from jspec import sharding
+
+        # Check the mesh against the stored config before reading any weights: errors come fast.
+        mesh = sharding.make_mesh(devices, cfg=checkpoints.load_config(path))
+        shardings = sharding.param_shardings(checkpoints.load_config(path), mesh)
+    params, cfg = checkpoints.load(path, dtype=dtype, sharding=shardings)
     tok = AutoTokenizer.from_pretrained(f"{path}/tokenizer")
-    return Model(params=params, cfg=cfg, tokenizer=tok, path=path)
+    return Model(params=params, cfg=cfg, tokenizer=tok, path=path, mesh=mesh)
 
 
 def encode(model: Model, prompts: Union[str, Sequence[str], Sequence[Sequence[int]]], *, chat: bool = False):
@@ -86,26 +101,22 @@ def encode(model: Model, prompts: Union[str, Sequence[str], Sequence[Sequence[in
     return out
 
 
-def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int = 128, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
+def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tokens: int = 128,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
              capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
-             gamma: int = 4, budget: int = 512, ratio: Optional[float] = None, **spec_knobs) -> Output:
+             config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
+             **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
-    method: "ar" (plain decoding) or a self-speculative method ("streaming", "quest", "vegas") with draft
-    length `gamma`, selection `budget` (KV slots) or `ratio`, and further `jspec.speculative.SpecConfig`
-    knobs (sink, page_size, min_tokens, max_tokens, score_mode, collect) as keywords.
+    method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
+    with draft length `gamma` (default 4), selection `budget` (KV slots, default 512) or `ratio`, and further
+    `jspec.speculative.SpecConfig` knobs (sink, page_size, min_tokens, max_tokens, score_mode, collect) as
+    keywords. config: a tuned speculative config -- the JSON `jspec tune` writes (a path or its dict) or a
+    SpecConfig -- whose method and knobs become the defaults; the keywords given here override them.
+    A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
-    if method not in METHODS:
-        raise _gen.InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-    spec = None
-    if method != "ar":
-        try:
-            spec = speculative.SpecConfig(method=method, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
-        except TypeError as e:
-            raise _gen.InputError(f"bad speculative option: {e}") from None
-    elif spec_knobs:
-        raise _gen.InputError(f"options {sorted(spec_knobs)} only apply to speculative methods, not 'ar'")
+    spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
+    method = spec.method if spec is not None else "ar"
     samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     ids = encode(model, prompts, chat=chat)
     lengths = np.array([len(p) for p in ids], np.int32)
@@ -125,9 +136,10 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
         tokens = tokens[:, :capacity]
     B = len(ids)
     stops = () if ignore_eos else model.stop_tokens
+    impl = attn_impl(model, impl)
     if spec is not None:
         return _generate_spec(model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl)
-    cache = kv_cache.init(model.cfg, batch=B, capacity=capacity)
+    cache = new_cache(model, batch=B, capacity=capacity)
 
     t0 = time.perf_counter()
     logits, cache = _gen.prefill(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache, impl=impl)
@@ -145,11 +157,61 @@ def generate(model: Model, prompts, *, method: str = "ar", max_new_tokens: int =
     return Output(texts=texts, tokens=toks, stats=stats)
 
 
+def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[speculative.SpecConfig]:
+    """The SpecConfig `generate` runs (None for plain "ar" decoding).
+
+    Args:
+      method: "ar" or a speculative method; None: the config's method, else "ar".
+      config: None, a SpecConfig, a dict or the path of a JSON file such as `jspec tune` writes
+        (`jspec.speculative.tune.read_config` checks it); its fields are the defaults.
+      knobs: SpecConfig fields given explicitly (None = not given); they override the config's.
+    Raises:
+      InputError: unknown method, bad knob, unreadable config, or speculative knobs for "ar".
+    """
+    from jspec.speculative.tune import read_config
+
+    base = {} if config is None else read_config(config)
+    given = {k: v for k, v in knobs.items() if v is not None}
+    method = method or base.get("method", "ar")
+    if method not in METHODS:
+        raise _gen.InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    if method == "ar":
+        # gamma/budget/ratio have CLI defaults and are ignored for "ar"; any other knob is a mistake.
+        extra = sorted(set(given) - {"gamma", "budget", "ratio"})
+        if extra:
+            raise _gen.InputError(f"options {extra} only apply to speculative methods, not 'ar'")
+        return None
+    try:
+        return speculative.SpecConfig(**{**base, **given, "method": method})
+    except TypeError as e:
+        raise _gen.InputError(f"bad speculative option: {e}") from None
+
+
+def attn_impl(model: Model, impl: AttnImpl = AttnImpl()) -> AttnImpl:
+    """`impl` with the model's tensor-parallel mesh (the Pallas kernels then run per head shard)."""
+    return impl if model.mesh is None else dataclasses.replace(impl, mesh=model.mesh)
+
+
+def new_cache(model: Model, *, batch: int, capacity: int) -> kv_cache.KVCache:
+    """An empty KV cache for `model`, created sharded over its mesh (K heads on tp) when it has one."""
+    if model.mesh is None:
+        return kv_cache.init(model.cfg, batch=batch, capacity=capacity)
+    from jspec import sharding
+    return sharding.init_cache(model.cfg, model.mesh, batch=batch, capacity=capacity)
+
+
 def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl) -> Output:
     B = len(lengths)
     t0 = time.perf_counter()
-    state = speculative.init(model.params, model.cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths), capacity,
-                             impl=impl)
+    if model.mesh is None:
+        state = speculative.init(model.params, model.cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths),
+                                 capacity, impl=impl)
+    else:  # the same prefill into a cache created sharded (init would leave its layout to XLA)
+        tokens, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
+        logits, cache = _gen.prefill(model.params, model.cfg, tokens, lengths_j,
+                                     new_cache(model, batch=B, capacity=capacity), impl=impl)
+        last = jnp.take_along_axis(tokens, (lengths_j - 1)[:, None], axis=1)[:, 0]
+        state = speculative.prepare(model.params, model.cfg, spec, cache, logits, last, impl=impl)
     jax.block_until_ready(state)
     t1 = time.perf_counter()
     out, n_out, st, _ = speculative.run_donating(model.params, model.cfg, spec, samp, state, jax.random.key(seed),

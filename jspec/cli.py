@@ -23,30 +23,36 @@ def cmd_convert(*, out: str, from_hf=None, from_gguf=None, dtype="bfloat16", ove
     return path
 
 
-def cmd_generate(*, model: str = "smollm2-135m", method: str = "ar", prompt=None, prompt_file=None,
+def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, prompt_file=None,
                  prompt_tokens: int = 3000, batch: int = 1, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0, ignore_eos: bool = False,
-                 as_json: bool = False, gamma: int = 4, budget: int = 512, ratio=None, sink=None, page_size=None,
-                 min_tokens=None, max_tokens=None, score_mode=None, collect=None):
+                 as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
+                 sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None):
     import jspec
     from jspec import data
 
-    # Speculative knobs left unset keep SpecConfig's defaults; gamma/budget/ratio are ignored for "ar".
-    knobs = {k: v for k, v in dict(sink=sink, page_size=page_size, min_tokens=min_tokens, max_tokens=max_tokens,
-                                   score_mode=score_mode, collect=collect).items() if v is not None}
-    if method != "ar":
-        knobs.update(gamma=gamma, budget=budget, ratio=ratio)
-    elif knobs:
-        raise jspec.InputError(f"--{sorted(knobs)[0].replace('_', '-')} only applies to speculative methods")
+    # Knobs left unset (None) come from --config, else SpecConfig's defaults; explicit flags win over the file.
+    # Checked before the model loads, so a bad flag or config file fails at once.
+    knobs = {k: v for k, v in dict(gamma=gamma, budget=budget, ratio=ratio, sink=sink, page_size=page_size,
+                                   min_tokens=min_tokens, max_tokens=max_tokens, score_mode=score_mode,
+                                   collect=collect).items() if v is not None}
+    try:
+        spec = jspec.api.spec_config(method, config, **knobs)
+    except jspec.InputError as e:
+        if "only apply to speculative" in str(e):   # name the flag, not the keyword
+            bad = sorted(set(knobs) - {"gamma", "budget", "ratio"})[0]
+            raise jspec.InputError(f"--{bad.replace('_', '-')} only applies to speculative methods") from None
+        raise
+    method = "ar" if spec is None else spec.method
 
-    m = jspec.load(model)
+    m = jspec.load(model) if devices == 1 else jspec.load(model, devices=devices)
     if prompt is not None or prompt_file is not None:
         text = prompt if prompt is not None else open(prompt_file, encoding="utf-8").read()
         prompts = [text] * batch
     else:  # default: real long documents from the running Python's standard library
         prompts = data.long_prompts(m.tokenizer, prompt_tokens, count=batch)
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, **knobs)
+                         top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=spec)
     s = out.stats
     if as_json:
         print(json.dumps({"texts": out.texts, "tokens": out.tokens, "stats": vars(s)}))
@@ -58,6 +64,39 @@ def cmd_generate(*, model: str = "smollm2-135m", method: str = "ar", prompt=None
               f"(includes compilation on first use), {s.tokens_per_s:.1f} tokens/s, tau {s.tau:.2f}"
               + (f", accepted-length histogram {s.accept_hist}" if s.accept_hist else ""))
     return out
+
+
+def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: int = 2048, batch: int = 1,
+             max_new_tokens: int = 64, method: str = "vegas", ratios=None, gammas=None, gamma0=None,
+             plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
+             out: str = "tune.json", progress: bool = True) -> dict:
+    """Vegas' three-stage tuning (jspec/speculative/tune.py) on `model`; writes the chosen config to `out`."""
+    import jspec
+    from jspec.attention import AttnImpl
+    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, tune
+
+    ratios = _numbers(ratios, float, "--ratios") if ratios is not None else DEFAULT_RATIOS
+    gammas = _numbers(gammas, int, "--gammas") if gammas is not None else DEFAULT_GAMMAS
+    m = jspec.load(model) if devices == 1 else jspec.load(model, devices=devices)
+    prompts = None
+    if prompt_file is not None:
+        prompts = open(prompt_file, encoding="utf-8").read()
+    backend = {"auto": None, "xla": "xla", "pallas": "pallas"}[impl]
+    return tune(m, prompts=prompts, prompt_tokens=prompt_tokens, batch=batch, max_new_tokens=max_new_tokens,
+                method=method, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
+                min_tokens=min_tokens, reps=reps, impl=AttnImpl(backend=backend), progress=progress, out=out)
+
+
+def _numbers(text: str, kind, flag: str) -> list:
+    """"0.01,0.02" -> [0.01, 0.02]; a bad entry is an InputError naming the flag."""
+    from jspec.decoding import InputError
+    try:
+        vals = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{flag} must be a comma-separated list of {kind.__name__} values, got {text!r}") from None
+    if not vals:
+        raise InputError(f"{flag} is empty")
+    return vals
 
 
 def main(argv=None):
@@ -78,9 +117,14 @@ def main(argv=None):
 
     g = sub.add_parser("generate", help="generate text (default: a long stdlib document, greedy)")
     g.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    g.add_argument("--method", default="ar", help="ar | streaming | quest | vegas")
-    g.add_argument("--gamma", type=int, default=4, help="draft tokens per round (speculative methods)")
-    g.add_argument("--budget", type=int, default=512, help="KV slots each draft step attends to")
+    g.add_argument("--method", default=None, help="ar | streaming | quest | vegas (default: --config's, else ar)")
+    g.add_argument("--config", metavar="FILE", default=None,
+                   help="speculative config JSON (e.g. from `jspec tune`): its method and knobs are the defaults, "
+                        "flags given here override them")
+    g.add_argument("--devices", type=int, default=1,
+                   help="tensor parallelism over the first N devices (heads sharded); default 1")
+    g.add_argument("--gamma", type=int, default=None, help="draft tokens per round (speculative methods; default 4)")
+    g.add_argument("--budget", type=int, default=None, help="KV slots each draft step attends to (default 512)")
     g.add_argument("--ratio", type=float, default=None,
                    help="dynamic budget: clamp(ceil(ratio * context), --min-tokens, --max-tokens or --budget)")
     g.add_argument("--sink", type=int, default=None, help="streaming: always-kept first tokens (default 4)")
@@ -104,6 +148,25 @@ def main(argv=None):
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", dest="as_json")
 
+    u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma -> a config JSON for "
+                                    "`generate --config`")
+    u.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
+    u.add_argument("--method", default="vegas", help="speculative method to tune (default vegas)")
+    u.add_argument("--prompt-file", default=None, help="tune on this text (default: long stdlib documents)")
+    u.add_argument("--prompt-tokens", type=int, default=2048, help="length of the default stdlib prompts")
+    u.add_argument("--batch", type=int, default=1)
+    u.add_argument("--max-new-tokens", type=int, default=64, help="tokens each measured run decodes")
+    u.add_argument("--ratios", default=None, help="candidate ratios, comma-separated (default 0.01,0.02,0.05,0.1,0.2)")
+    u.add_argument("--gammas", default=None, help="candidate gammas, comma-separated (default 2,3,4,6,8)")
+    u.add_argument("--gamma0", type=int, default=None, help="gamma of stage 1 (default: the median candidate)")
+    u.add_argument("--plateau-tol", type=float, default=0.02,
+                   help="stage 1 stops when one ratio step raises tau by less than this fraction")
+    u.add_argument("--min-tokens", type=int, default=None, help="lower clamp of the ratio rule")
+    u.add_argument("--reps", type=int, default=2, help="timed runs per config (after a warm-up run)")
+    u.add_argument("--impl", default="auto", choices=["auto", "xla", "pallas"], help="attention backend")
+    u.add_argument("--devices", type=int, default=1, help="tensor parallelism over the first N devices")
+    u.add_argument("--out", default="tune.json", help="where to write the config (default tune.json)")
+
     from jspec.drafter import cli as drafter_cli
     t = sub.add_parser("train-drafter", help="train the LongSpec drafter block against a frozen target")
     drafter_cli.add_arguments(t)
@@ -121,6 +184,9 @@ def main(argv=None):
         elif a.cmd == "generate":
             kw = {k: v for k, v in vars(a).items() if k != "cmd"}
             cmd_generate(**kw)
+        elif a.cmd == "tune":
+            kw = {k: v for k, v in vars(a).items() if k != "cmd"}
+            cmd_tune(**kw)
     except (CheckpointError, InputError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -256,6 +256,94 @@ def drafter_step(dparams, tparams, cfg: ModelConfig, tokens, dcache: DrafterCach
     return logits, new
 
 
+def drafter_tree_step(dparams, tparams, cfg: ModelConfig, tokens, depth, dcache: DrafterCache, tree_k, tree_v,
+                      slots, visible, target_k_last, target_v_last, target_len):
+    """Run one level of a draft tree through the drafter (LongSpec tree drafting, DESIGN.md section 4).
+
+    A round's tree lives outside the ring, in a small per-round buffer of node K/V (`tree_k`, `tree_v`, one
+    slot per node, the root first): the ring keeps only accepted tokens, and a rejected branch never has to be
+    rolled back. Node t sits at sequence index (and RoPE position) dcache.lengths + depth[b, t], as if its
+    root-to-node path were the sequence; its self-attention sees the ring's committed entries inside its window
+    and the buffer slots `visible` allows (its ancestors and itself). Its cross-attention sees target slots
+    j < target_len.
+
+    Args:
+      tokens: int32[B, T] this level's nodes; depth: int32[B, T] (or broadcastable) their depths (root 0).
+      dcache: the ring of committed tokens (not modified: the caller commits accepted nodes after verifying).
+      tree_k, tree_v: [B, M, K, H] the round's node buffer; slots: int32[B, T] where this level's K/V go.
+      visible: bool[B, T, M] buffer slots each node attends to (ancestor-or-self; the new K/V are written
+        before attending, so a node sees itself).
+      target_k_last, target_v_last, target_len: as in `drafter_step`.
+    Returns:
+      (logits f32[B, T, V], tree_k, tree_v with this level written).
+    """
+    B, T = tokens.shape
+    W = dcache.window
+    start = dcache.lengths
+    idx = start[:, None] + jnp.broadcast_to(jnp.asarray(depth, jnp.int32), (B, T))      # [B, T]
+    x = _embed(tparams, tokens)
+    q, k, v = _self_qkv(dparams, cfg, x, idx)
+    b = jnp.arange(B, dtype=jnp.int32)[:, None]
+    tree_k = tree_k.at[b, slots].set(k.astype(tree_k.dtype))
+    tree_v = tree_v.at[b, slots].set(v.astype(tree_v.dtype))
+
+    # Ring entries: committed (pos < start) and inside each node's window (pos > idx - W).
+    ring_pos = jnp.where((dcache.pos >= 0) & (dcache.pos < start[:, None]), dcache.pos, -1)[:, None, :]
+    ring_visible = (ring_pos >= 0) & (ring_pos > idx[:, :, None] - W)                   # [B, T, W]
+    keys = jnp.concatenate([dcache.k.astype(k.dtype), tree_k.astype(k.dtype)], axis=1)
+    vals = jnp.concatenate([dcache.v.astype(v.dtype), tree_v.astype(v.dtype)], axis=1)
+    o = attend(q, keys, vals, jnp.concatenate([ring_visible, visible], axis=2))
+
+    target_len = jnp.asarray(target_len, jnp.int32)
+    tl = target_len[:, None] if target_len.ndim == 1 else target_len
+    j = jnp.arange(target_k_last.shape[1], dtype=jnp.int32)
+    cross_visible = j[None, None, :] < tl[:, :, None]
+    logits = _after_self(dparams, tparams, cfg, x, o, idx, target_k_last, target_v_last, cross_visible, None)
+    return logits, tree_k, tree_v
+
+
+def drafter_commit(dcache: DrafterCache, k, v, n_new) -> DrafterCache:
+    """Append precomputed self-attention K/V (e.g. a verified tree path taken from the round's node buffer)
+    to the ring: row b's first n_new[b] entries of k, v [B, T, K, H] get indices lengths .. lengths+n_new-1.
+
+    Exact because a drafter token's self K/V depend only on the token and its position, and the buffer
+    computed them at the very positions they now take. Entries past n_new (and all but the last W) are
+    dropped."""
+    B, T = k.shape[:2]
+    W = dcache.window
+    n_new = jnp.asarray(n_new, jnp.int32)
+    idx = dcache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    t = jnp.arange(T, dtype=jnp.int32)[None]
+    keep = (t < n_new[:, None]) & (t >= n_new[:, None] - W)
+    slots = jnp.where(keep, idx % W, W)
+    b = jnp.arange(B, dtype=jnp.int32)[:, None]
+    return DrafterCache(k=dcache.k.at[b, slots].set(k.astype(dcache.k.dtype), mode="drop"),
+                        v=dcache.v.at[b, slots].set(v.astype(dcache.v.dtype), mode="drop"),
+                        pos=dcache.pos.at[b, slots].set(idx, mode="drop"),
+                        lengths=dcache.lengths + n_new)
+
+
+def drafter_fill(dparams, tparams, cfg: ModelConfig, prompt, prompt_len, *, window: int = DEFAULT_WINDOW,
+                 dtype=None) -> DrafterCache:
+    """A ring holding a (right-padded, ragged) prompt: the self K/V of each row's last min(W, len) tokens.
+
+    Unlike `drafter_prefill` nothing attends (no logits, no cross-attention over the target's cache), so the
+    cost is one projection of W tokens whatever the context: what a decoding loop needs when its first draft
+    starts from a token after the prompt (lengths = prompt_len).
+    """
+    B, P = prompt.shape
+    Wc = min(window, P)
+    prompt_len = jnp.asarray(prompt_len, jnp.int32)
+    n = jnp.minimum(prompt_len, Wc)
+    first = prompt_len - n
+    gather = jnp.clip(first[:, None] + jnp.arange(Wc, dtype=jnp.int32)[None], 0, P - 1)
+    chunk = jnp.take_along_axis(prompt, gather, axis=1)
+    x = _embed(tparams, chunk)
+    _, k, v = _self_qkv(dparams, cfg, x, first[:, None] + jnp.arange(Wc, dtype=jnp.int32)[None])
+    dcache = init_drafter_cache(cfg, batch=B, window=window, dtype=dtype, lengths=first)
+    return drafter_commit(dcache, k, v, n)
+
+
 def drafter_prefill(dparams, tparams, cfg: ModelConfig, prompt, prompt_len, target_k_last, target_v_last,
                     target_len, *, window: int = DEFAULT_WINDOW, dtype=None):
     """Fill a fresh ring from a (right-padded, ragged) prompt and draft from its last token.

@@ -8,18 +8,23 @@ import jax.numpy as jnp
 
 from jspec.decoding import InputError
 
-METHODS = ("streaming", "quest", "vegas")
+METHODS = ("streaming", "quest", "vegas", "longspec")
 SCORE_MODES = ("weights", "logits")
 COLLECT = ("c2q", "all")
+MODES = ("tree", "chain")
 
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
-    """Self-speculative decoding with a sparse-attention draft (the target drafts for itself).
+    """Speculative decoding: a sparse-attention self-draft (the target drafts for itself) or LongSpec's
+    trained drafter.
 
-    method:     "streaming" (sink + recent window), "quest" (query-aware page selection) or "vegas"
-                (top-k of the previous verification's attention scores). DESIGN.md section 4.
-    gamma:      draft tokens per round (one full-attention verification each).
+    method:     "streaming" (sink + recent window), "quest" (query-aware page selection), "vegas"
+                (top-k of the previous verification's attention scores) or "longspec" (a trained one-block
+                drafter over the target's last-layer KV cache, chain or tree drafts; the drafter's params go
+                to `init`/`prepare`/`run` as `drafter=`). DESIGN.md section 4.
+    gamma:      draft tokens per round (one full-attention verification each); longspec chain mode: the
+                chain length.
     budget:     KV slots each draft step's selection holds (the same number across methods in comparisons);
                 the static width of the index arrays. Tokens after the selection point (see `with_tail` in
                 jspec/selection.py) come on top: at most 2*gamma for vegas, gamma-1 for streaming,
@@ -32,6 +37,11 @@ class SpecConfig:
     score_mode: vegas ranking: "weights" (softmax weights exp(s - lse), default) or "logits" (raw scale*q.k).
     collect:    vegas rows whose scores are collected: "c2q" (Collect-2-Query: rows 0 and gamma of the
                 verified block, see jspec/speculative/vegas.py) or "all" (all gamma + 1 rows; ablation).
+    mode:       longspec: "tree" (`tree_widths`) or "chain" (gamma drafter steps, one token each).
+    tree_widths: longspec tree mode: nodes per level (level l keeps the global top-w_l by cumulative draft
+                log-probability; sampling draws children from q instead, see jspec/speculative/tree.py);
+                sum(tree_widths) draft tokens per round, depth len(tree_widths). Public default 4,16,16,16,16.
+    window:     longspec: the drafter's self-attention window W = its ring buffer's slots (`Drafter.window`).
     """
 
     method: str = "vegas"
@@ -44,8 +54,13 @@ class SpecConfig:
     max_tokens: Optional[int] = None
     score_mode: str = "weights"
     collect: str = "c2q"
+    mode: str = "tree"
+    tree_widths: tuple = (4, 16, 16, 16, 16)
+    window: int = 512
 
     def __post_init__(self):
+        # A list would make the config unhashable (it is a static jit argument): store a tuple of ints.
+        object.__setattr__(self, "tree_widths", tuple(int(w) for w in self.tree_widths))
         if self.method not in METHODS:
             raise InputError(f"unknown speculative method {self.method!r}; available: {', '.join(METHODS)} "
                              f"(and 'ar' for plain decoding)")
@@ -74,6 +89,13 @@ class SpecConfig:
                 raise InputError(f"min_tokens={self.min_tokens} must be in [1, max_tokens={self.slots}]")
             if self.method == "streaming" and self.min_tokens < self.sink:
                 raise InputError(f"min_tokens={self.min_tokens} must be >= sink={self.sink}")
+        if self.mode not in MODES:
+            raise InputError(f"mode={self.mode!r} must be one of {MODES}")
+        if not self.tree_widths or min(self.tree_widths) < 1:
+            raise InputError(f"tree_widths={self.tree_widths} must be a non-empty tuple of widths >= 1")
+        if self.method == "longspec" and self.depth >= self.window:
+            raise InputError(f"the draft depth {self.depth} must be < window={self.window} (the drafter's ring "
+                             f"must hold a whole root-to-leaf path)")
 
     @property
     def slots(self) -> int:
@@ -90,9 +112,22 @@ class SpecConfig:
         k = jnp.ceil(self.ratio * context.astype(jnp.float32)).astype(jnp.int32)
         return jnp.clip(k, self.min_tokens, self.slots)
 
+    @property
+    def widths(self) -> tuple:
+        """Draft tokens per level: longspec's tree widths, or (1,) * gamma for a chain."""
+        if self.method == "longspec" and self.mode == "tree":
+            return self.tree_widths
+        return (1,) * self.gamma
+
+    @property
+    def depth(self) -> int:
+        """Most drafts one round can accept (gamma; longspec: the tree depth)."""
+        return len(self.widths)
+
     def capacity_margin(self) -> int:
-        """Cache slots needed beyond prompt + max_new_tokens: a round writes up to gamma + 1 slots ahead."""
-        return self.gamma + 1
+        """Cache slots needed beyond prompt + max_new_tokens: a round writes up to gamma + 1 slots ahead
+        (longspec: the root and every tree node)."""
+        return sum(self.widths) + 1
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)

@@ -24,6 +24,12 @@ time offline.
 
 Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each (STYLE.md
 habit 7): the round is the same for all of them, only which KV entries a draft step reads differs.
+
+LongSpec (method "longspec") drafts a tree with a separate trained drafter instead, so its round is its own
+(longspec.py: draft, tree verification, acceptance, compaction); everything around the round (emission, stop
+tokens, max_new_tokens, frozen finished rows, stats) is this driver's. Its drafter params enter as the
+traced `drafter=` argument of `init` / `prepare` / `run` (never static, never donated); its ring cache lives
+in State.method. The accepted-length histogram then has depth + 1 bins (spec.depth).
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ from flax import struct
 from jspec import kv_cache, model, sampling
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-from jspec.speculative import quest, streaming, vegas
+from jspec.speculative import longspec, quest, streaming, vegas
 from jspec.speculative.config import SpecConfig
 
 METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas}
@@ -55,7 +61,7 @@ class State:
 @struct.dataclass
 class SpecStats:
     rounds: jax.Array       # int32[B] target verifications per sequence
-    accept_hist: jax.Array  # int32[B, gamma + 1] rounds that accepted n drafts, n = 0..gamma
+    accept_hist: jax.Array  # int32[B, depth + 1] rounds that accepted n drafts, n = 0..depth (= gamma)
 
     def tau(self) -> float:
         """Mean tokens emitted per verification (accepted drafts + 1), host-side."""
@@ -71,12 +77,13 @@ def _method(spec: SpecConfig):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "capacity", "impl"))
 def init(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengths, capacity: int,
-         impl: AttnImpl = AttnImpl()) -> State:
+         impl: AttnImpl = AttnImpl(), drafter=None) -> State:
     """Prefill right-padded prompts into a fresh cache and set up the method's selection state.
 
     Args:
       prompt_tokens: int32[B, T] right-padded; prompt_lengths: int32[B] real lengths (>= 1).
-      capacity: static cache slots; needs max(prompt_lengths) + max_new_tokens + gamma + 1.
+      capacity: static cache slots; needs max(prompt_lengths) + max_new_tokens + spec.capacity_margin().
+      drafter: longspec only: the drafter block's params (traced).
     Returns:
       State. Jittable (static cfg, spec, capacity, impl). The prefill is exactly `decoding.prefill`'s.
     """
@@ -86,19 +93,28 @@ def init(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengt
     logits, cache, _ = model.forward(params, cfg, prompt_tokens, cache, n_new=lengths,
                                      logits_at=(lengths - 1)[:, None], impl=impl)
     last = jnp.take_along_axis(prompt_tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-    return _prepare(params, cfg, spec, cache, logits[:, 0], last, impl)
+    return _prepare(params, cfg, spec, cache, logits[:, 0], last, impl, drafter, prompt_tokens)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "impl"), donate_argnames=("cache",))
 def prepare(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, logits, last_token,
-            impl: AttnImpl = AttnImpl()) -> State:
+            impl: AttnImpl = AttnImpl(), drafter=None, prompt_tokens=None) -> State:
     """A State from an already prefilled cache (e.g. `decoding.prefill`'s cache and logits f32[B, V]);
     last_token int32[B] is each prompt's last token. Lets one prefill serve several methods: a cache that
-    has been decoded from can be reused after `kv_cache.rollback` to the prompt lengths."""
-    return _prepare(params, cfg, spec, cache, logits, last_token, impl)
+    has been decoded from can be reused after `kv_cache.rollback` to the prompt lengths.
+
+    longspec also needs `drafter` (its params) and `prompt_tokens` int32[B, P] (right-padded, real lengths
+    = cache.lengths; at least each row's last `spec.window` tokens matter): the drafter's ring is filled
+    from them."""
+    return _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter, prompt_tokens)
 
 
-def _prepare(params, cfg, spec, cache, logits, last_token, impl):
+def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, prompt_tokens=None):
+    if spec.method == "longspec":
+        if prompt_tokens is None:
+            raise ValueError("method 'longspec' needs prompt_tokens to fill the drafter's ring")
+        mstate = longspec.init(drafter, params, cfg, spec, prompt_tokens, cache.lengths)
+        return State(cache=cache, logits=logits, method=mstate)
     m = _method(spec)
     lengths = cache.lengths
     if not m.score_rows(spec):
@@ -198,7 +214,7 @@ _STATIC = ("cfg", "spec", "samp", "max_new_tokens", "stop_tokens", "impl")
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def run(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state: State, key, max_new_tokens: int,
-        stop_tokens: tuple = (), impl: AttnImpl = AttnImpl()):
+        stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None):
     """Generate up to max_new_tokens per sequence with self-speculative decoding (one while_loop).
 
     Pure and jittable (static cfg, spec, samp, max_new_tokens, stop_tokens, impl): usable inside the caller's
@@ -210,24 +226,26 @@ def run(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state:
       max_new_tokens, stop_tokens: static; a sequence ends after emitting a stop token (kept) or
         max_new_tokens tokens. Greedy output is token-identical to `decoding.decode`; sampled output has
         the target's distribution.
+      drafter: longspec only: the drafter block's params (traced, not donated).
     Returns:
       tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], SpecStats.
     """
-    return _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl)[:3]
+    return _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl, drafter)[:3]
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
 def run_donating(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state: State, key,
-                 max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl()):
+                 max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None):
     """`run` that donates `state` and also returns the final State (its cache aliases the input's buffers,
     so the while_loop updates the cache in place: no copy of a multi-GB cache per call)."""
-    return _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl)
+    return _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl, drafter)
 
 
-def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl):
-    m = _method(spec)
+def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl, drafter=None):
+    is_longspec = spec.method == "longspec"
+    m = None if is_longspec else _method(spec)
     B = state.logits.shape[0]
-    g = spec.gamma
+    g = spec.depth
     stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
 
     def is_stop(t):
@@ -246,10 +264,14 @@ def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl)
     def body(st: _Loop) -> _Loop:
         key, k_draft, k_accept = jax.random.split(st.key, 3)
         base = st.cache.lengths
-        drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl)
-        cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
-        logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl)
-        n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
+        if is_longspec:   # drafts = the accepted path; the cache is already compacted
+            drafts, n_acc, nxt, cache, mstate = longspec.step(params, cfg, spec, samp, drafter, st.mstate, st.cache,
+                                                              st.last, ~st.done, k_draft, k_accept, impl)
+        else:
+            drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl)
+            cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
+            logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl)
+            n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
 
         # Emit d1..dn + next, cut after the first stop token and at max_new_tokens; finished rows emit nothing.
         tokens = emitted(drafts, n_acc, nxt)
@@ -265,7 +287,8 @@ def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl)
 
         active = ~st.done
         cache = cache.replace(lengths=jnp.where(active, base + n_acc + 1, base))
-        mstate = m.update(spec, st.mstate, cache, scores, base)
+        if not is_longspec:
+            mstate = m.update(spec, st.mstate, cache, scores, base)
         hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * active[:, None].astype(jnp.int32))
         return _Loop(cache=cache, mstate=mstate, last=jnp.where(active, nxt, st.last), out=out, n_out=n_out,
                      done=done, key=key, rounds=st.rounds + active.astype(jnp.int32), hist=hist)
