@@ -2,12 +2,12 @@
 
 The same call serves prefill (T = prompt), one-token decode (T = 1), chain verification (T = gamma + 1),
 tree verification (`tree=`) and sparse self-drafting (`sparse=`): only the attention inputs differ.
-Parameters are stacked on a leading layer axis, but the layer loop is unrolled in Python with a static layer
-index, for two measured reasons (bench/results/ar_decode_h200_xla.json, README "Performance notes"): a
-`lax.scan` over layers is a device while-loop whose per-iteration overhead dominated small-batch decoding
-on the H200, and a static index lets the Pallas kernels read layer i's K/V straight out of the stacked
-cache (a BlockSpec offset) instead of XLA materialising a per-layer copy for the custom call. The cache
-is updated in place by scatter into the stacked buffers (donated by the jitted callers).
+Parameters are stacked on a leading layer axis, but the layer loop is unrolled in Python, for a measured
+reason (bench/results/ar_decode_h200_xla.json, README "Performance notes"): a `lax.scan` over layers is a
+device while-loop whose per-iteration overhead dominated small-batch decoding on the H200. The Pallas
+kernels read layer i's K/V straight out of the stacked cache (no per-layer copy for the custom call); the
+layer index reaches them as a runtime operand, so all layers share one compiled kernel per shape. The
+cache is updated in place by scatter into the stacked buffers (donated by the jitted callers).
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ Layouts: q [B,T,N,H]; k, v [B,S,K,H] (one layer of the cache, bf16 or f32); GQA 
 per KV head (query head n reads KV head n // G); lse [B,N,T] float32 in natural log (JAX's own flash
 residual is base 2). Supported everywhere: head_dim 64 or 128, any N % K == 0 (tested G = 1..8). Every
 op also takes `layer=`: k, v are then the stacked [L,B,S,K,H] cache and the kernel reads that layer in
-place instead of receiving a k_all[layer] copy.
+place instead of receiving a k_all[layer] copy. The layer is a runtime operand (an int or a traced int32
+scalar), so the L layers of a model share one compiled kernel.
 
 `implementation`: "pallas" runs the kernel (NotImplementedError when unsupported, e.g. on a CPU backend
 without interpret=True), "xla" the reference, None (default) the kernel with fallback to the reference,

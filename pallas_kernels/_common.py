@@ -17,6 +17,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -109,7 +110,7 @@ def check_platform(interpret: bool) -> None:
         )
 
 
-def layer_shape(k, layer: int | None) -> tuple[int, ...]:
+def layer_shape(k, layer) -> tuple[int, ...]:
     """[B,S,K,H] of the one layer the kernels read: k itself, or k[layer] of a stacked [L,B,S,K,H] cache."""
     expected = 4 if layer is None else 5
     if k.ndim != expected:
@@ -117,26 +118,43 @@ def layer_shape(k, layer: int | None) -> tuple[int, ...]:
     return tuple(k.shape) if layer is None else tuple(k.shape[1:])
 
 
-def kv_block_spec(k, layer: int | None) -> pl.BlockSpec:
-    """The whole sequence of one (batch, KV head) for grids (b, h, ...): [S, H] inside the kernel.
+def as_stacked(k, v, layer):
+    """(k, v, layer) for a launch: the cache as [L,B,S,K,H] (a one-layer cache gains a leading axis of 1,
+    a free reshape) and the layer as an int32[1] operand.
 
-    With a stacked cache and a static `layer`, the kernel reads that layer in place, so callers never
-    materialise k_all[layer] (a copy that would triple the memory traffic of a decode step).
+    The layer is a runtime operand, not a constant of the kernel: the launches of all L layers are then
+    one kernel (one trace, one Triton compile, one entry in XLA's kernel cache) that reads layer i's K/V
+    in place, instead of L kernels differing only in a baked-in offset (about a minute of compile time
+    per new shape on the H200 for a 30-layer model).
     """
     if layer is None:
-        _, S, _, H = k.shape
-        return pl.BlockSpec((None, S, None, H), lambda b, h, *_: (b, 0, h, 0))
-    _, _, S, _, H = k.shape
-    return pl.BlockSpec((None, None, S, None, H), lambda b, h, *_: (layer, b, 0, h, 0))
+        return k[None], v[None], jnp.zeros((1,), jnp.int32)
+    return k, v, jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
 
 
-def check_attention_shapes(q, k, v, layer: int | None = None) -> tuple[int, int]:
+def kv_block_spec(k) -> pl.BlockSpec:
+    """All layers of one (batch, KV head) of a stacked cache for grids (b, h, ...): [L, S, H] in the
+    kernel, indexed there as ref[layer, rows, :] (a strided view: nothing is copied)."""
+    L, _, S, _, H = k.shape
+    return pl.BlockSpec((L, None, S, None, H), lambda b, h, *_: (0, b, 0, h, 0))
+
+
+# The int32[1] layer operand, a scalar inside the kernel.
+LAYER_SPEC = pl.BlockSpec((None,), lambda *_: (0,))
+
+
+def check_layer(k, layer) -> None:
+    """Range check of a concrete layer index (a traced one is the caller's responsibility)."""
+    if isinstance(layer, (int, np.integer)) and not 0 <= layer < k.shape[0]:
+        raise ValueError(f"{layer=} out of range for {k.shape=}")
+
+
+def check_attention_shapes(q, k, v, layer=None) -> tuple[int, int]:
     """Validates q [B,T,N,H] and k/v [B,S,K,H] (or [L,B,S,K,H] with `layer`); returns (K, G)."""
     if k.shape != v.shape:
         raise ValueError(f"k and v must have one shape, got {k.shape=} {v.shape=}")
     kshape = layer_shape(k, layer)
-    if layer is not None and not 0 <= layer < k.shape[0]:
-        raise ValueError(f"{layer=} out of range for {k.shape=}")
+    check_layer(k, layer)
     if q.ndim != 4:
         raise ValueError(f"expected q [B,T,N,H], got {q.shape=}")
     head_dim, num_heads, num_kv_heads = q.shape[3], q.shape[2], kshape[2]

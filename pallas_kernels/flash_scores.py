@@ -53,11 +53,12 @@ def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) ->
                         num_warps=4, num_stages=2)
 
 
-def _flash_kernel(kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal, block_k, per_split,
+def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal, block_k, per_split,
                   score_mode, score_end_row, n_sel, multi_row_blocks):
     """One program: a block of packed query rows of one KV head against one split of the keys.
 
-    kv_len_ref: [] int32; q_ref: [bm, H]; k_ref, v_ref: [S, H] (this batch and KV head).
+    layer_ref, kv_len_ref: [] int32; q_ref: [bm, H]; k_ref, v_ref: [L, S, H] (this batch and KV head, every
+    layer; the kernel reads layer `layer_ref` in place).
     Optional qs_ref [Rp, H], st_ref [Rp] int32, sw_ref [Rp] f32: the (distinct) score rows' queries,
     their row index t and multiplicity in score_rows (0 for padding).
     Outputs: o_ref [bm, H], lse_ref [bm] (this split); sc_ref [Rp, S] logits or [S] row-summed logits.
@@ -67,7 +68,8 @@ def _flash_kernel(kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal
     else:
         o_ref, lse_ref = refs
     block_m, head_dim = q_ref.shape
-    S = k_ref.shape[0]
+    S = k_ref.shape[1]
+    layer = layer_ref[()]
     m_blk, split = pl.program_id(2), pl.program_id(3)
     kv_len = kv_len_ref[()]
 
@@ -112,11 +114,11 @@ def _flash_kernel(kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal
             pos = start + jnp.arange(block_k)
             if masked:  # past kv_len the cache holds junk (even NaN): read zeros instead
                 ok = jnp.broadcast_to((pos < kv_len)[:, None], (block_k, head_dim))
-                k = plgpu.load(k_ref.at[pl.ds(start, block_k), :], mask=ok, other=0.0)
-                v = plgpu.load(v_ref.at[pl.ds(start, block_k), :], mask=ok, other=0.0)
+                k = plgpu.load(k_ref.at[layer, pl.ds(start, block_k), :], mask=ok, other=0.0)
+                v = plgpu.load(v_ref.at[layer, pl.ds(start, block_k), :], mask=ok, other=0.0)
             else:
-                k = k_ref[pl.ds(start, block_k), :]
-                v = v_ref[pl.ds(start, block_k), :]
+                k = k_ref[layer, pl.ds(start, block_k), :]
+                v = v_ref[layer, pl.ds(start, block_k), :]
             s = C.dot_nt(q, k) * scale2
             if masked:
                 s = jnp.where(pos[None, :] < row_end[:, None], s, -jnp.inf)
@@ -135,7 +137,7 @@ def _flash_kernel(kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal
 def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, interpret, out_dtype, layer=None,
                    qsel=None, sel_t=None, sel_w=None, score_mode=None, score_end_row=0, n_sel=0):
     """Launches the kernel on packed queries qp [B,K,Mp,H] (Mp a multiple of block_m) against k, v
-    [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a static `layer`).
+    [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a `layer` index, traced or not).
 
     Returns o [P,B,K,Mp,H] (out_dtype, each split normalised over its own keys), lse [P,B,K,Mp] and,
     with score_mode, the raw score-row logits [B,K,Rp,S] ("weights") or their row sums [B,K,S].
@@ -154,8 +156,10 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     kernel = functools.partial(
         _flash_kernel, T=T, G=G, sm_scale=sm_scale, causal=causal, block_k=block_k, per_split=per_split,
         score_mode=score_mode, score_end_row=score_end_row, n_sel=n_sel, multi_row_blocks=n_m > 1)
-    kv_spec = C.kv_block_spec(k, layer)
+    k, v, layer = C.as_stacked(k, v, layer)
+    kv_spec = C.kv_block_spec(k)
     in_specs = [
+        C.LAYER_SPEC,
         pl.BlockSpec((None,), lambda b, h, m, s: (b,)),
         pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
         kv_spec,
@@ -169,7 +173,7 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
         jax.ShapeDtypeStruct((splits, B, K, Mp, H), out_dtype),
         jax.ShapeDtypeStruct((splits, B, K, Mp), jnp.float32),
     ]
-    args = [kv_len.astype(jnp.int32), qp, k, v]
+    args = [layer, kv_len.astype(jnp.int32), qp, k, v]
     if score_mode:
         Rp = qsel.shape[2]
         in_specs += [pl.BlockSpec((None, None, Rp, H), lambda b, h, m, s: (b, h, 0, 0)),
@@ -194,8 +198,7 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     )(*args)
 
 
-@functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret",
-                                             "layer"))
+@functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret"))
 def flash_scores_kernel(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_scale=None,
                         block_sizes=None, interpret=False, layer=None):
     """Pallas implementation of `flash_scores` (same arguments); raises NotImplementedError if unsupported."""
@@ -258,7 +261,8 @@ def flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_sca
       score_mode: "weights" sums exp(scale*q.k - lse), "logits" sums scale*q.k.
       sm_scale: softmax scale, default 1/sqrt(H).
       block_sizes: `BlockSizes` override; interpret: run the Pallas kernel in interpret mode.
-      layer: static layer index into a stacked cache, or None when k, v are one layer.
+      layer: layer index into a stacked cache (an int or a traced int32 scalar: a runtime operand of the
+        kernel, so every layer shares one compiled kernel), or None when k, v are one layer.
       implementation: "pallas", "xla" (reference) or None (pallas, falling back to xla if unsupported).
     Returns:
       out [B,T,N,H] q.dtype; lse [B,N,T] f32 (natural log); scores [B,S] f32 summed over the N query

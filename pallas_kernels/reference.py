@@ -67,8 +67,7 @@ def causal_mask(kv_len, T: int, S: int):
     return j <= (kv_len[:, None, None] - T + t)
 
 
-@functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret",
-                                             "layer"))
+@functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret"))
 def flash_scores_reference(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_scale=None,
                            block_sizes=None, interpret=False, layer=None):
     """Reference for `flash_scores` (block_sizes and interpret are accepted and ignored)."""
@@ -106,7 +105,7 @@ def sparse_mask_and_positions(idx, n_valid, kv_len, T: int, tail: bool):
     return pos, vis
 
 
-@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "layer"))
+@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret"))
 def sparse_attention_reference(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None,
                                block_sizes=None, interpret=False, layer=None):
     """Reference for `sparse_attention`: gathers idx[b, :n_valid[b]] (+ the causal tail) densely."""
@@ -130,7 +129,7 @@ def tree_full_mask(prefix_len, tree_mask, S: int):
     return (rel < 0) | (in_tree & slot)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "layer"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret"))
 def tree_attention_reference(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None,
                              interpret=False, layer=None):
     """Reference for `tree_attention`: dense attention over the whole cache with the full mask."""

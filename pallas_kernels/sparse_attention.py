@@ -36,13 +36,13 @@ def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
     return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
 
 
-def _sparse_kernel(n_valid_ref, n_total_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, sm_scale,
+def _sparse_kernel(layer_ref, n_valid_ref, n_total_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, sm_scale,
                    block_k, per_split):
-    """n_valid_ref, n_total_ref: [] int32; idx_ref: [L] int32 positions (in bounds); q_ref: [bm,H];
-    k_ref, v_ref: [S,H]; outputs o_ref [bm,H], lse_ref [bm] for this split."""
+    """layer_ref, n_valid_ref, n_total_ref: [] int32; idx_ref: [E] int32 positions (in bounds); q_ref: [bm,H];
+    k_ref, v_ref: [L,S,H] (read at layer `layer_ref`); outputs o_ref [bm,H], lse_ref [bm] for this split."""
     block_m, head_dim = q_ref.shape
     m_blk, split = pl.program_id(2), pl.program_id(3)
-    n_valid, n_total = n_valid_ref[()], n_total_ref[()]
+    layer, n_valid, n_total = layer_ref[()], n_valid_ref[()], n_total_ref[()]
     t = (m_blk * block_m + jnp.arange(block_m)) // G
     lo = split * per_split
     hi = jnp.minimum(lo + per_split, pl.cdiv(n_total, block_k))
@@ -54,8 +54,8 @@ def _sparse_kernel(n_valid_ref, n_total_ref, idx_ref, q_ref, k_ref, v_ref, o_ref
         def step(i, carry):
             start = pl.multiple_of(i * block_k, block_k)
             idx = idx_ref[pl.ds(start, block_k)]
-            k = k_ref[idx, :]
-            v = v_ref[idx, :]
+            k = k_ref[layer, idx, :]
+            v = v_ref[layer, idx, :]
             s = C.dot_nt(q, k) * scale2
             if masked:
                 rel = (start + jnp.arange(block_k) - n_valid)[None, :]  # >= 0: tail token number
@@ -68,7 +68,7 @@ def _sparse_kernel(n_valid_ref, n_total_ref, idx_ref, q_ref, k_ref, v_ref, o_ref
     C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
 
 
-@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "layer"))
+@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret"))
 def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
                             interpret=False, layer=None):
     """Pallas implementation of `sparse_attention` (same arguments)."""
@@ -98,12 +98,14 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
 
     kernel = functools.partial(_sparse_kernel, G=G, sm_scale=sm_scale, block_k=block_k, per_split=per_split)
     scalar = pl.BlockSpec((None,), lambda b, h, m, s: (b,))
-    kv_spec = C.kv_block_spec(k, layer)
+    k, v, layer = C.as_stacked(k, v, layer)
+    kv_spec = C.kv_block_spec(k)
     out_dtype = jnp.float32 if splits > 1 else q.dtype
     o, lse = pl.pallas_call(
         kernel,
         grid=(B, K, n_m, splits),
         in_specs=[
+            C.LAYER_SPEC,
             scalar,
             scalar,
             pl.BlockSpec((None, L), lambda b, h, m, s: (b, 0)),
@@ -122,7 +124,7 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
         compiler_params=bs.compiler_params(),
         interpret=interpret,
         name="sparse_attention",
-    )(n_valid, n_valid + n_tail, entries, qp, k, v)
+    )(layer, n_valid, n_valid + n_tail, entries, qp, k, v)
     o, lse = C.combine_splits(o, lse)
     return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
 
@@ -133,7 +135,7 @@ def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None,
 
     Args:
       q: [B,T,N,H] queries of the T newest tokens.
-      k, v: [B,S,K,H] one layer's full cache, or the stacked [L,B,S,K,H] cache with a static `layer`.
+      k, v: [B,S,K,H] one layer's full cache, or the stacked [L,B,S,K,H] cache with a `layer` index (int or traced).
       idx: int32[B,M] selected positions, each < kv_len[b] - T, no duplicates, any order; entries
         idx[b, n_valid[b]:] are junk and ignored.
       n_valid: int32[B] number of real entries per sequence (0 allowed when tail=True).

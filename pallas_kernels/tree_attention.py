@@ -38,11 +38,11 @@ def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
     return flash_block_sizes(rows, head_dim, dtype, causal=False)
 
 
-def _tree_kernel(prefix_len_ref, mask_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, n, G, sm_scale, block_k):
-    """prefix_len_ref: [] int32; mask_ref: [n, n] int8; q_ref: [bm, H]; k_ref, v_ref: [S, H];
+def _tree_kernel(layer_ref, prefix_len_ref, mask_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, n, G, sm_scale, block_k):
+    """layer_ref, prefix_len_ref: [] int32; mask_ref: [n, n] int8; q_ref: [bm, H]; k_ref, v_ref: [L, S, H];
     outputs o_ref [bm, H] f32, lse_ref [bm]: attention over the n tree slots only."""
     block_m, head_dim = q_ref.shape
-    prefix_len = prefix_len_ref[()]
+    layer, prefix_len = layer_ref[()], prefix_len_ref[()]
     t = (pl.program_id(2) * block_m + jnp.arange(block_m)) // G  # tree node of each packed row
     row_ok = t < n
     t_safe = jnp.minimum(t, n - 1)
@@ -54,8 +54,8 @@ def _tree_kernel(prefix_len_ref, mask_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, 
         in_tree = j < n
         ok = jnp.broadcast_to(in_tree[:, None], (block_k, head_dim))
         rows = pl.ds(prefix_len + i * block_k, block_k)
-        k = plgpu.load(k_ref.at[rows, :], mask=ok, other=0.0)
-        v = plgpu.load(v_ref.at[rows, :], mask=ok, other=0.0)
+        k = plgpu.load(k_ref.at[layer, rows, :], mask=ok, other=0.0)
+        v = plgpu.load(v_ref.at[layer, rows, :], mask=ok, other=0.0)
         valid = row_ok[:, None] & in_tree[None, :]
         seen = plgpu.load(mask_ref.at[t_safe[:, None], jnp.minimum(j, n - 1)[None, :]], mask=valid, other=0)
         s = jnp.where(valid & (seen != 0), C.dot_nt(q, k) * scale2, -jnp.inf)
@@ -70,11 +70,13 @@ def _tree_kernel(prefix_len_ref, mask_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, 
 def _tree_part(qp, k, v, prefix_len, tree_mask, *, n, G, sm_scale, block_m, block_k, bs, interpret, layer):
     B, K, Mp, H = qp.shape
     kernel = functools.partial(_tree_kernel, n=n, G=G, sm_scale=sm_scale, block_k=block_k)
-    kv_spec = C.kv_block_spec(k, layer)
+    k, v, layer = C.as_stacked(k, v, layer)
+    kv_spec = C.kv_block_spec(k)
     return pl.pallas_call(
         kernel,
         grid=(B, K, Mp // block_m),
         in_specs=[
+            C.LAYER_SPEC,
             pl.BlockSpec((None,), lambda b, h, m: (b,)),
             pl.BlockSpec((None, n, n), lambda b, h, m: (b, 0, 0)),
             pl.BlockSpec((None, None, block_m, H), lambda b, h, m: (b, h, m, 0)),
@@ -92,10 +94,10 @@ def _tree_part(qp, k, v, prefix_len, tree_mask, *, n, G, sm_scale, block_m, bloc
         compiler_params=bs.compiler_params(),
         interpret=interpret,
         name="tree_attention",
-    )(prefix_len, tree_mask.astype(jnp.int8), qp, k, v)
+    )(layer, prefix_len, tree_mask.astype(jnp.int8), qp, k, v)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "layer"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret"))
 def tree_attention_kernel(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None, interpret=False,
                           layer=None):
     """Pallas implementation of `tree_attention` (same arguments)."""
@@ -130,7 +132,7 @@ def tree_attention(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes
 
     Args:
       q: [B,n,N,H] queries of the n tree tokens.
-      k, v: [B,S,K,H] one layer's cache (or the stacked [L,B,S,K,H] cache with a static `layer`); the
+      k, v: [B,S,K,H] one layer's cache (or the stacked [L,B,S,K,H] cache with a `layer` index); the
         tree tokens' keys/values are at prefix_len[b] + i, i < n.
       prefix_len: int32[B] number of committed prefix positions.
       tree_mask: bool[B,n,n], tree_mask[b,i,j] iff node j is node i or one of its ancestors.

@@ -129,6 +129,25 @@ def test_stacked_cache_layer_read_in_place():
     assert_bitwise_equal(got, kernel(q, k, v, kv_len, **kw))
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
+def test_model_layers_share_one_kernel():
+    """The layer index is a runtime operand: a 4-layer verification forward lowers one flash_scores kernel
+    (called once per layer), not one per layer (each would be a separate Triton compile)."""
+    from conftest import tiny_config
+    from jspec import kv_cache, model
+    from jspec.attention import AttnImpl
+
+    cfg = tiny_config("llama", n_layers=4, head_dim=64, dtype="bfloat16")
+    sd = jax.ShapeDtypeStruct
+    params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+    cache = jax.eval_shape(lambda: kv_cache.init(cfg, batch=2, capacity=256))
+    hlo = lower_for_h200(lambda p, c, t: model.forward(p, cfg, t, c, score_rows=(0, 4),
+                                                       impl=AttnImpl(backend="pallas")),
+                         params, cache, sd((2, 5), jnp.int32))
+    assert triton_calls(hlo) == 1
+    assert hlo.count("call @") >= cfg.n_layers   # ... called once per layer
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
 @pytest.mark.parametrize("N,K,H", [(9, 3, 64), (32, 8, 128)])  # SmolLM2-135M, Llama-3-8B
 @pytest.mark.parametrize("T,rows", [(1, ()), (5, (0, 4)), (256, ())])
 def test_lowers_to_triton_at_model_shapes(N, K, H, T, rows):
