@@ -1,6 +1,7 @@
 """Plain greedy decoding of the real SmolLM2-135M on one GPU, against Hugging Face's static cache.
 
     PYTHONPATH=. python bench/decode.py --out $OUT/ar_decode_h200.json [--impl xla,pallas] [--hf] [--quick]
+                                        [--devices N]   # tensor parallel over N GPUs (jspec/sharding.py)
 
 For each prompt length L and batch B: prefill (untimed), then one jitted while_loop decodes 128 tokens
 (stop tokens ignored, like the Hugging Face anchor with min_new_tokens). tokens/s counts the B*(new-1)
@@ -22,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import HBM_BYTES_PER_S, base_record, peak_memory_bytes, timed, write_json  # noqa: E402
 import jspec  # noqa: E402
-from jspec import data, decoding as gen, kv_cache, model as jmodel  # noqa: E402
+from jspec import api, data, decoding as gen, model as jmodel  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
 from jspec.config import SamplingConfig  # noqa: E402
 
@@ -40,8 +41,9 @@ def run_jspec(m, prompts_np, L, B, new, impl, reps):
     lens = jnp.full((B,), L, jnp.int32)
     samp = SamplingConfig()
     times, out = [], None
+    impl = api.attn_impl(m, impl)   # with --devices N: the Pallas kernels run per head shard
     for r in range(reps + 1):   # first run compiles
-        cache = kv_cache.init(cfg, batch=B, capacity=capacity)
+        cache = api.new_cache(m, batch=B, capacity=capacity)   # sharded like the heads with --devices N
         logits, cache = gen.prefill(m.params, cfg, toks, lens, cache, impl=impl)
         jax.block_until_ready(logits)
         (out, n_out, _), dt = timed(gen.decode, m.params, cfg, samp, cache, logits, jax.random.key(0),
@@ -63,11 +65,12 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--hf", action="store_true", help="also run Hugging Face transformers (static cache)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--devices", type=int, default=1, help="tensor parallelism over the first N devices")
     a = ap.parse_args()
     if a.quick:
         a.lengths, a.batches, a.reps = "1024", "1,16", 1
 
-    m = jspec.load(a.model)
+    m = jspec.load(a.model, devices=a.devices)
     cfg = m.cfg
     wbytes = jmodel.param_bytes(m.params)
     Ls = [int(x) for x in a.lengths.split(",")]
@@ -85,8 +88,10 @@ def main():
                     records.append(base_record(method="ar", impl=impl_name, L=L, B=B, error=repr(e)[:300]))
                     continue
                 roof, step_bytes = roofline_tokens_per_s(cfg, wbytes, L, B, a.new)
+                roof *= a.devices   # tensor parallel: each device reads its 1/N of the weights and the cache
                 outs[(impl_name, L, B)] = out
-                r = base_record(method="ar", impl=impl_name, model=a.model, L=L, B=B, new_tokens=a.new,
+                r = base_record(method="ar", impl=impl_name, model=a.model, devices=a.devices, L=L, B=B,
+                                new_tokens=a.new,
                                 tokens_per_s=round(tps, 1), decode_s=round(dt, 4),
                                 roofline_tokens_per_s=round(roof, 1), roofline_frac=round(tps / roof, 4),
                                 step_bytes=int(step_bytes), achieved_gbps=round(tps / B * step_bytes / 1e9, 1),

@@ -38,27 +38,33 @@ def main():
     model = load(a.model_dir)
     prompts = np.load(a.prompts)
     res = []
-    for L in sorted(prompts.files, key=int):
-        for B in [int(x) for x in a.batches.split(",")]:
-            ids = torch.from_numpy(prompts[L][:B].astype(np.int64)).cuda()
-            kw = dict(max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False, cache_implementation="static",
-                      pad_token_id=0, attention_mask=torch.ones_like(ids))
-            try:
-                with torch.no_grad():
-                    model.generate(ids, **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})
-                    torch.cuda.synchronize(); t = time.perf_counter()
-                    model.generate(ids, **kw)
-                    torch.cuda.synchronize(); dt = time.perf_counter() - t
-                    t = time.perf_counter()
-                    model.generate(ids, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1})
-                    torch.cuda.synchronize(); pf = time.perf_counter() - t
-                r = dict(L=int(L), B=B, tokens_per_s=round(B * (a.new - 1) / (dt - pf), 1), total_s=round(dt, 3),
-                         prefill_s=round(pf, 3))
-            except Exception as e:
-                r = dict(L=int(L), B=B, error=repr(e)[:300])
-                torch.cuda.empty_cache()
-            print("hf", json.dumps(r), flush=True)
-            res.append(r)
+    # Keys "L" (one prompt set per length, every --batches size taken from its first rows) or "L_B" (the exact
+    # [B, L] prompts of one shape, as bench/spec_hf.py writes them).
+    shapes = []
+    for key in sorted(prompts.files, key=lambda k: tuple(int(x) for x in k.split("_"))):
+        shapes += [(key, B) for B in ([prompts[key].shape[0]] if "_" in key else
+                                       [int(x) for x in a.batches.split(",")])]
+    for key, B in shapes:
+        L = key.split("_")[0]
+        ids = torch.from_numpy(prompts[key][:B].astype(np.int64)).cuda()
+        kw = dict(max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False, cache_implementation="static",
+                  pad_token_id=0, attention_mask=torch.ones_like(ids))
+        try:
+            with torch.no_grad():
+                model.generate(ids, **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})
+                torch.cuda.synchronize(); t = time.perf_counter()
+                model.generate(ids, **kw)
+                torch.cuda.synchronize(); dt = time.perf_counter() - t
+                t = time.perf_counter()
+                model.generate(ids, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1})
+                torch.cuda.synchronize(); pf = time.perf_counter() - t
+            r = dict(L=int(L), B=B, tokens_per_s=round(B * (a.new - 1) / (dt - pf), 1), total_s=round(dt, 3),
+                     prefill_s=round(pf, 3))
+        except Exception as e:
+            r = dict(L=int(L), B=B, error=repr(e)[:300])
+            torch.cuda.empty_cache()
+        print("hf", json.dumps(r), flush=True)
+        res.append(r)
     json.dump(res, open(a.out, "w"))
 
 

@@ -1,6 +1,9 @@
 """Self-speculative decoding of the real SmolLM2-135M on one GPU: ar vs streaming vs quest vs vegas.
 
-    PYTHONPATH=. python bench/spec.py --out $OUT/spec_h200.json [--quick] [--impl xla|pallas|auto]
+    PYTHONPATH=. python bench/spec.py --out $OUT/spec_h200.json [--quick] [--impl xla|pallas|auto] [--devices N]
+
+--devices N: tensor parallel over the first N GPUs (jspec/sharding.py: heads and cache sharded); the time
+split is then skipped (its pieces are compiled for one device's layouts).
 
 For each prompt length L and batch B (real text: stdlib code, plus prose rows when --corpus exists), one
 prefill serves every method (the cache is rolled back to the prompt between runs), then each method decodes
@@ -32,11 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import base_record, peak_memory_bytes, write_json  # noqa: E402
 import jspec  # noqa: E402
-from jspec import data, decoding as gen, kv_cache, selection  # noqa: E402
+from jspec import api, data, decoding as gen, kv_cache, selection, sharding  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
 from jspec.config import SamplingConfig  # noqa: E402
 from jspec.speculative import SpecConfig, engine  # noqa: E402
@@ -144,6 +149,7 @@ def main():
                     help="wall-clock target: shapes (lowest priority first) are dropped when it would be exceeded")
     ap.add_argument("--plan-only", action="store_true", help="print the shapes and configs, then exit")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--devices", type=int, default=1, help="tensor parallelism over the first N devices")
     a = ap.parse_args()
     if a.quick:
         a.lengths, a.batches, a.new, a.gammas, a.budgets = "2048", "16,1", 64, "2,4", "256,512"
@@ -151,8 +157,9 @@ def main():
     t_start = time.perf_counter()
     impl = {"xla": AttnImpl(backend="xla"), "pallas": AttnImpl(backend="pallas"), "auto": AttnImpl()}[a.impl]
 
-    m = jspec.load(a.model)
+    m = jspec.load(a.model, devices=a.devices)
     cfg, params = m.cfg, m.params
+    impl = api.attn_impl(m, impl)   # with a mesh the Pallas kernels run per head shard
     tok = _CachedTokenizer(m.tokenizer)
     code = [data.stdlib_text(x) for x in CODE_MODULES if _stdlib_exists(x)]
     prose = None
@@ -237,7 +244,12 @@ def main():
         tok_sds = jax.ShapeDtypeStruct((B, L), jnp.int32)
         vec_sds = jax.ShapeDtypeStruct((B,), jnp.int32)
         logit_sds = jax.ShapeDtypeStruct((B, cfg.vocab_size), jnp.float32)
+        if m.mesh is not None:   # the compiled programs take sharded inputs: give the avals their layouts
+            cache_sds = _laid_out(cache_sds, sharding.cache_sharding(m.mesh))
+            tok_sds, vec_sds = (_laid_out(x, NamedSharding(m.mesh, P())) for x in (tok_sds, vec_sds))
         submit(("prefill", L, B), lambda: gen.prefill.lower(params, cfg, tok_sds, vec_sds, cache_sds, impl=impl))
+        if m.mesh is not None:   # later programs take the prefill's outputs as laid out by it
+            logit_sds, cache_sds = _laid_out(futures[("prefill", L, B)].result().out_info)
         for group, spec in cfgs:
             if spec is None:
                 submit(("ar", L, B), lambda: gen.decode.lower(params, cfg, GREEDY, cache_sds, logit_sds, key,
@@ -247,9 +259,11 @@ def main():
                                        params, cache_sds, logit_sds, vec_sds)
             submit(("prepare", L, B, spec), lambda: engine.prepare.lower(params, cfg, spec, cache_sds, logit_sds,
                                                                          vec_sds, impl=impl))
+            if m.mesh is not None:
+                state_sds = _laid_out(futures[("prepare", L, B, spec)].result().out_info)
             submit(("run", L, B, spec), lambda: engine.run_donating.lower(params, cfg, spec, GREEDY, state_sds, key,
                                                                           a.new, stop_tokens=(), impl=impl))
-            if (L, B) == split and group == "grid":
+            if (L, B) == split and group == "grid" and m.mesh is None:
                 draft, verify, select = _pieces(cfg, spec, impl)
                 gam = jax.ShapeDtypeStruct((B, spec.gamma), jnp.int32)
                 _, _, sc_sds, _ = jax.eval_shape(verify, params, state_sds, vec_sds, gam, key)
@@ -278,8 +292,10 @@ def main():
         prompts, sources = make_prompts(tok, L, B, code, prose)
         tokens = jnp.asarray(prompts)
         lens = jnp.full((B,), L, jnp.int32)
+        if m.mesh is not None:
+            tokens, lens = jax.device_put((tokens, lens), NamedSharding(m.mesh, P()))
         last = tokens[:, -1]
-        cache = kv_cache.init(cfg, batch=B, capacity=caps[(L, B)])
+        cache = api.new_cache(m, batch=B, capacity=caps[(L, B)])
         logits, cache = compiled[("prefill", L, B)](params, tokens, lens, cache)
         ar_out, ar_tps, ar_dt = None, None, None
         for group, spec in cfgs:
@@ -302,7 +318,7 @@ def main():
                 best = dt if best is None else min(best, dt)
             out = np.asarray(out)
             tps = B * (a.new - 1) / best
-            rec = base_record(model=a.model, impl=a.impl, L=L, B=B, new_tokens=a.new, group=group,
+            rec = base_record(model=a.model, impl=a.impl, devices=a.devices, L=L, B=B, new_tokens=a.new, group=group,
                               sources=sorted(set(sources)), decode_s=round(best, 4), tokens_per_s=round(tps, 1))
             if spec is None:
                 ar_out, ar_tps = out, tps
@@ -327,7 +343,7 @@ def main():
             print(json.dumps({k: rec[k] for k in ("label", "L", "B", "gamma", "budget", "group", "tau",
                                                   "tokens_per_s", "speedup_vs_ar", "agree_with_ar")}), flush=True)
 
-        if (L, B) == split:
+        if (L, B) == split and m.mesh is None:
             for group, spec in cfgs:
                 if spec is None or group != "grid":
                     continue
@@ -376,6 +392,16 @@ def main():
                    wall_s=round(time.perf_counter() - t_start, 1), skipped=skipped)
     write_json(a.out, records + splits, summary)
     _table(records, splits, summary)
+
+
+def _laid_out(avals, shardings=None):
+    """ShapeDtypeStructs carrying `shardings` (a matching pytree or one sharding), or their own (a compiled
+    program's out_info) without the memory layout."""
+    if shardings is None:
+        return jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding), avals)
+    if not isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda o, s: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=s), avals, shardings)
+    return jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=shardings), avals)
 
 
 def _label(spec):

@@ -69,7 +69,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
 def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: int = 2048, batch: int = 1,
              max_new_tokens: int = 64, method: str = "vegas", ratios=None, gammas=None, gamma0=None,
              plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
-             out: str = "tune.json", progress: bool = True) -> dict:
+             jobs=None, out: str = "tune.json", progress: bool = True) -> dict:
     """Vegas' three-stage tuning (jspec/speculative/tune.py) on `model`; writes the chosen config to `out`."""
     import jspec
     from jspec.attention import AttnImpl
@@ -84,7 +84,8 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: in
     backend = {"auto": None, "xla": "xla", "pallas": "pallas"}[impl]
     return tune(m, prompts=prompts, prompt_tokens=prompt_tokens, batch=batch, max_new_tokens=max_new_tokens,
                 method=method, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
-                min_tokens=min_tokens, reps=reps, impl=AttnImpl(backend=backend), progress=progress, out=out)
+                min_tokens=min_tokens, reps=reps, impl=AttnImpl(backend=backend), jobs=jobs, progress=progress,
+                out=out)
 
 
 def _numbers(text: str, kind, flag: str) -> list:
@@ -165,6 +166,8 @@ def main(argv=None):
     u.add_argument("--reps", type=int, default=2, help="timed runs per config (after a warm-up run)")
     u.add_argument("--impl", default="auto", choices=["auto", "xla", "pallas"], help="attention backend")
     u.add_argument("--devices", type=int, default=1, help="tensor parallelism over the first N devices")
+    u.add_argument("--jobs", type=int, default=None,
+                   help="configs compiled in parallel before they are timed (default min(4, CPU cores / 4))")
     u.add_argument("--out", default="tune.json", help="where to write the config (default tune.json)")
 
     from jspec.drafter import cli as drafter_cli

@@ -1,0 +1,67 @@
+"""Hugging Face transformers (static cache) on exactly the prompts of a bench/spec.py run, in a separate
+process after it: adds hf_tokens_per_s and speedup_vs_hf to every record of that run's JSON.
+
+    PYTHONPATH=. JAX_PLATFORMS=cpu python bench/spec_hf.py --spec $OUT/spec_h200.json [--new 64]
+
+The prompts are rebuilt with bench/spec.py's own make_prompts (same tokenizer, sources and corpus), one
+[B, L] set per (L, B) of the run, and timed by bench/hf_decode.py (greedy, decode time minus prefill).
+JAX_PLATFORMS=cpu keeps this process off the GPU (it only tokenizes); torch gets the GPU to itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.spec import CODE_MODULES, _CachedTokenizer, _stdlib_exists, make_prompts  # noqa: E402
+from jspec import data  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spec", required=True, help="bench/spec.py's JSON (updated in place)")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
+    ap.add_argument("--new", type=int, default=64, help="new tokens per HF run (its tokens/s hardly depends on it)")
+    a = ap.parse_args()
+    import jspec
+
+    doc = json.load(open(a.spec))
+    shapes = sorted({(r["L"], r["B"]) for r in doc["records"] if "tokens_per_s" in r and "L" in r})
+    m = jspec.load(a.model, dtype="float32")
+    tok = _CachedTokenizer(m.tokenizer)
+    code = [data.stdlib_text(x) for x in CODE_MODULES if _stdlib_exists(x)]
+    prose = None
+    if os.path.isdir(a.corpus):
+        prose = [t[:400_000] for t in data.read_dir(a.corpus, exts=(".txt",))]
+    path = "/tmp/jspec_spec_prompts.npz"
+    np.savez(path, **{f"{L}_{B}": make_prompts(tok, L, B, code, prose)[0] for L, B in shapes})
+    out = "/tmp/jspec_spec_hf.json"
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_decode.py"),
+                    "--prompts", path, "--model-dir", m.path, "--new", str(a.new), "--out", out],
+                   check=True, timeout=1200)
+    hf = {(r["L"], r["B"]): r for r in json.load(open(out)) if "tokens_per_s" in r}
+    for r in doc["records"]:
+        h = hf.get((r.get("L"), r.get("B")))
+        if h and "tokens_per_s" in r:
+            r["hf_tokens_per_s"] = h["tokens_per_s"]
+            r["speedup_vs_hf"] = round(r["tokens_per_s"] / h["tokens_per_s"], 3)
+    s = doc["summary"]
+    s["hf_static"] = {f"L{L}_B{B}": h["tokens_per_s"] for (L, B), h in sorted(hf.items())}
+    s["hf_new_tokens"] = a.new
+    for r in doc["records"]:
+        if r.get("method") in ("vegas", "ar") and r.get("group") == "grid" and (r["L"], r["B"]) == (8000, 64) \
+                and "speedup_vs_hf" in r:
+            s[f"{r['method']}_speedup_vs_hf_L8000_B64"] = r["speedup_vs_hf"]
+    with open(a.spec, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"HF static cache: {s['hf_static']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,370 @@
+"""Vegas' three-stage tuning (DESIGN.md section 4): pick the budget ratio and gamma by measurement.
+
+    1. ratio   at a fixed gamma, raise the ratio of the context each draft step keeps (SpecConfig.ratio,
+               clamped to [min_tokens, budget]) step by step until the accepted tokens per verification (tau)
+               stop rising: the first ratio whose next step gains less than `plateau_tol` (relative) wins.
+    2. gamma   at that ratio, sweep gamma and keep the one with the best measured throughput (tokens/s).
+    3. refine  at that gamma, try the ratios around the stage-1 value (its grid neighbours and the geometric
+               midpoints towards them) and keep the fastest: a smaller ratio drafts faster, a larger one
+               accepts more.
+
+The search (`search`) only sees a `measure(spec) -> (tau, tokens_per_s)` callable, so its rules are tested
+without a model. `tune` measures on a real model: one prefill serves every config (the cache is rolled back
+to the prompt between runs, as bench/spec.py does), each config decodes greedily with stop tokens ignored,
+its first run compiles and warms up, and the fastest of `reps` timed runs counts.
+
+    result = tune(jspec.load("smollm2-135m"), prompt_tokens=2048, batch=4, out="tune.json")
+    jspec.generate(model, prompts, config="tune.json")          # or: jspec generate --config tune.json
+
+The JSON holds the SpecConfig fields (method, gamma, budget, ratio, min_tokens, max_tokens, score_mode,
+collect), the measurements and where they were taken (model, prompt_tokens, batch, device, jax version).
+`budget` is the static selection width: ceil(ratio * (prompt + new tokens)), so the ratio rule is not capped
+by it for contexts up to the tuned length.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.attention import AttnImpl
+from jspec.config import SamplingConfig
+from jspec.decoding import InputError
+from jspec.speculative.config import METHODS, SpecConfig
+
+DEFAULT_RATIOS = (0.01, 0.02, 0.05, 0.1, 0.2)
+DEFAULT_GAMMAS = (2, 3, 4, 6, 8)
+GREEDY = SamplingConfig()
+
+TUNABLE = ("streaming", "quest", "vegas")   # the methods with a budget ratio to tune
+
+
+# ---------------------------------------------------------------------------------------------- search
+
+def search(measure: Callable[[SpecConfig], tuple[float, float]], make_spec: Callable[[float, int], SpecConfig], *,
+           ratios: Sequence[float], gammas: Sequence[int], gamma0: Optional[int] = None, plateau_tol: float = 0.02,
+           on_measure: Optional[Callable[[dict], None]] = None, precompile: Optional[Callable[[list], None]] = None,
+           lookahead: int = 1) -> dict:
+    """The three stages over a measuring function (no model needed).
+
+    Args:
+      measure: spec -> (tau, tokens_per_s). Called at most once per distinct spec (results are memoised).
+      make_spec: (ratio, gamma) -> SpecConfig.
+      ratios, gammas: the candidate grids (sorted and de-duplicated here).
+      gamma0: the gamma of stage 1 (default: the median candidate gamma).
+      plateau_tol: stage 1 stops at the first ratio whose next step raises tau by less than this fraction.
+      on_measure: called with each new measurement record (for progress output).
+      precompile: called with the specs about to be measured, before any of them is (to compile them in
+        parallel): a whole stage at once for stages 2 and 3, `lookahead` ratios at a time in stage 1 (which
+        may then compile up to lookahead - 1 ratios past the plateau that are never measured).
+    Returns:
+      {"ratio", "gamma", "stage1_ratio", "measurements": [{"stage", "ratio", "gamma", "tau", "tokens_per_s"}]}
+    """
+    ratios = sorted({float(r) for r in ratios})
+    gammas = sorted({int(g) for g in gammas})
+    if not ratios or not gammas:
+        raise InputError("need at least one candidate ratio and one candidate gamma")
+    if plateau_tol < 0:
+        raise InputError(f"plateau_tol={plateau_tol} must be >= 0")
+    if gamma0 is None:
+        gamma0 = gammas[(len(gammas) - 1) // 2]
+    memo: dict = {}
+    records: list = []
+
+    def ahead(pairs):
+        todo = [make_spec(r, g) for r, g in pairs if (r, g) not in memo]
+        if precompile is not None and todo:
+            precompile(todo)
+
+    def point(stage, ratio, gamma):
+        if (ratio, gamma) not in memo:
+            tau, tps = measure(make_spec(ratio, gamma))
+            rec = {"stage": stage, "ratio": ratio, "gamma": gamma, "tau": float(tau), "tokens_per_s": float(tps)}
+            memo[ratio, gamma] = rec
+            records.append(rec)
+            if on_measure is not None:
+                on_measure(rec)
+        return memo[ratio, gamma]
+
+    # Stage 1: tau against the ratio; the plateau starts where one more step no longer pays.
+    i1 = len(ratios) - 1
+    step = max(1, lookahead)
+    ahead([(r, gamma0) for r in ratios[:step]])
+    prev = point(1, ratios[0], gamma0)["tau"]
+    for i in range(1, len(ratios)):
+        if i % step == 0:
+            ahead([(r, gamma0) for r in ratios[i:i + step]])
+        tau = point(1, ratios[i], gamma0)["tau"]
+        if tau - prev < plateau_tol * prev:
+            i1 = i - 1
+            break
+        prev = tau
+    r1 = ratios[i1]
+
+    # Stage 2: throughput against gamma at the plateau ratio (ties: the smaller gamma, listed first).
+    ahead([(r1, g) for g in gammas])
+    g = max(gammas, key=lambda g: point(2, r1, g)["tokens_per_s"])
+
+    # Stage 3: throughput against the ratio near r1 at that gamma.
+    near = [r1]
+    for j in (i1 - 1, i1 + 1):
+        if 0 <= j < len(ratios):
+            mid = float(f"{math.sqrt(r1 * ratios[j]):.3g}")
+            near += [x for x in (mid, ratios[j]) if x not in near]
+    ahead([(r, g) for r in near])
+    r = max(near, key=lambda r: (point(3, r, g)["tokens_per_s"], r == r1))
+    return {"ratio": r, "gamma": g, "stage1_ratio": r1, "measurements": records}
+
+
+# ------------------------------------------------------------------------------------------------ tune
+
+def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_new_tokens: int = 64,
+         method: str = "vegas", ratios: Sequence[float] = DEFAULT_RATIOS, gammas: Sequence[int] = DEFAULT_GAMMAS,
+         gamma0: Optional[int] = None, plateau_tol: float = 0.02, min_tokens: Optional[int] = None,
+         score_mode: str = "weights", collect: str = "c2q", reps: int = 2, impl: AttnImpl = AttnImpl(),
+         jobs: Optional[int] = None, seed: int = 0, progress: bool = True,
+         log: Optional[Callable[[str], None]] = None, out: Optional[str] = None) -> dict:
+    """Tune `method`'s ratio and gamma on `model` (a `jspec.Model`) by measurement; see the module docstring.
+
+    Args:
+      prompts: text or token-id lists (one batch); default: `batch` stdlib documents of `prompt_tokens` tokens.
+      max_new_tokens: tokens each measured run decodes (greedy, stop tokens ignored).
+      ratios, gammas, gamma0, plateau_tol: the search grid and stage-1 rule (`search`).
+      min_tokens: lower clamp of the ratio rule; default min(256, ceil(min(ratios) * shortest prompt)), so the
+        smallest candidate ratio is not clamped away.
+      reps: timed runs per config after one warm-up run; the fastest counts.
+      jobs: configs compiled in parallel ahead of their measurement (default min(4, CPU cores / 4); 1: each
+        compiles in its warm-up run); every compile finishes before the next timed run starts, so timings
+        never overlap a compile.
+      log: receives one line per measured config (default: printed above the progress bar).
+      out: write the JSON here too.
+    Returns:
+      The config dict (see the module docstring); `SpecConfig(**read_config(result))` rebuilds the spec.
+    """
+    from tqdm.auto import tqdm
+
+    from jspec import api, kv_cache
+    from jspec import decoding as gen
+    from jspec.speculative import engine
+
+    if method not in TUNABLE:
+        raise InputError(f"unknown speculative method {method!r} for tuning; available: {', '.join(TUNABLE)}")
+    if reps < 1:
+        raise InputError(f"reps={reps} must be >= 1")
+    if not ratios or not gammas:
+        raise InputError("need at least one candidate ratio and one candidate gamma")
+    for r in ratios:
+        if not 0.0 < float(r) <= 1.0:
+            raise InputError(f"ratio {r} must be in (0, 1]")
+    for g in gammas:
+        if int(g) < 1:
+            raise InputError(f"gamma {g} must be >= 1")
+    cfg = model.cfg
+    if prompts is None:
+        from jspec import data
+        prompts = data.long_prompts(model.tokenizer, prompt_tokens, count=batch)
+    elif isinstance(prompts, str):
+        prompts = [prompts] * batch
+    ids = api.encode(model, prompts)
+    lengths = np.array([len(p) for p in ids], np.int32)
+    B, g_max = len(ids), max(int(g) for g in gammas)
+    context = int(lengths.max(initial=0)) + max_new_tokens
+    if context > cfg.max_position:
+        raise InputError(f"prompt + new tokens ({context}) exceed the model's context of {cfg.max_position}")
+    capacity = -(-(context + g_max + 1) // 128) * 128
+    gen.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens, vocab_size=cfg.vocab_size,
+                      tokens=np.concatenate([np.asarray(p) for p in ids]))
+    if min_tokens is None:
+        min_tokens = min(256, max(1, math.ceil(min(ratios) * int(lengths.min()))))
+        if method == "streaming":
+            min_tokens = max(min_tokens, SpecConfig.sink)
+
+    def make_spec(ratio: float, gamma: int) -> SpecConfig:
+        # The static width covers ceil(ratio * context) up to the longest context measured (multiple of 8).
+        width = max(min_tokens, -(-math.ceil(ratio * context) // 8) * 8)
+        try:
+            return SpecConfig(method=method, gamma=gamma, budget=width, ratio=ratio, min_tokens=min_tokens,
+                              score_mode=score_mode, collect=collect)
+        except TypeError as e:
+            raise InputError(f"bad speculative option: {e}") from None
+
+    make_spec(min(ratios), min(gammas))   # bad knobs fail before the prefill, not after minutes of it
+
+    impl = api.attn_impl(model, impl)
+    params = model.params
+    tokens, lens = gen.pad_prompts(ids)
+    tokens, lens = jnp.asarray(tokens), jnp.asarray(lens)
+    last = jnp.take_along_axis(tokens, (lens - 1)[:, None], axis=1)[:, 0]
+    logits, cache = gen.prefill(params, cfg, tokens, lens, api.new_cache(model, batch=B, capacity=capacity),
+                                impl=impl)
+    box = {"cache": cache, "logits": logits}
+    key = jax.random.key(seed)
+
+    # XLA's CPU compiler is itself multi-threaded: parallel compiles only pay with cores to spare.
+    jobs = max(1, jobs or min(4, (os.cpu_count() or 1) // 4))
+    pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
+
+    def compile_one(spec: SpecConfig):
+        # Compiling ahead of time fills the jit caches, so `measure`'s ordinary calls find the programs.
+        prep = engine.prepare.lower(params, cfg, spec, kv_cache.rollback(box["cache"], lens), box["logits"], last,
+                                    impl=impl).compile()
+        if model.mesh is None:   # single device: plain avals are what a call with the real state looks up
+            state = jax.eval_shape(lambda c, lg: engine._prepare(params, cfg, spec, c, lg, last, impl),
+                                   kv_cache.rollback(box["cache"], lens), box["logits"])
+        else:                    # sharded: the layout prepare's program gives the state
+            state = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding),
+                                 prep.out_info)
+        engine.run_donating.lower(params, cfg, spec, GREEDY, state, key, max_new_tokens, stop_tokens=(),
+                                  impl=impl).compile()
+
+    def precompile(specs: list) -> None:
+        if pool is not None and len(specs) > 1:
+            for f in [pool.submit(compile_one, s) for s in specs]:
+                f.result()
+
+    def measure(spec: SpecConfig) -> tuple[float, float]:
+        times = []
+        for rep in range(reps + 1):    # rep 0 compiles and warms up: not timed
+            state = engine.prepare(params, cfg, spec, kv_cache.rollback(box["cache"], lens), box["logits"], last,
+                                   impl=impl)
+            jax.block_until_ready(state)
+            t = time.perf_counter()
+            toks, n_out, stats, final = engine.run_donating(params, cfg, spec, GREEDY, state, key, max_new_tokens,
+                                                            stop_tokens=(), impl=impl)
+            jax.block_until_ready((toks, n_out, stats))
+            dt = time.perf_counter() - t
+            box["cache"], box["logits"] = final.cache, final.logits   # the donated buffers, for the next run
+            if rep:
+                times.append(dt)
+        # As bench/spec.py: the first token comes from the prefill logits, the loop makes the rest.
+        produced = int(np.maximum(np.asarray(n_out) - 1, 0).sum())
+        return stats.tau(), produced / max(min(times), 1e-9)
+
+    n_ratios, n_gammas = len(set(ratios)), len(set(gammas))
+    bar = tqdm(total=n_ratios + n_gammas - 1 + 4, desc=f"tune {method}", unit="config", disable=not progress)
+    say = log if log is not None else tqdm.write
+
+    def on_measure(rec):
+        bar.update(1)
+        budget = make_spec(rec["ratio"], rec["gamma"]).budget
+        say(f"stage {rec['stage']}: ratio {rec['ratio']:<7.4g} gamma {rec['gamma']:<2d} budget {budget:<6d} "
+            f"tau {rec['tau']:6.3f}  {rec['tokens_per_s']:9.1f} tok/s")
+
+    try:
+        found = search(measure, make_spec, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
+                       on_measure=on_measure, precompile=precompile, lookahead=jobs)
+    finally:
+        bar.total = bar.n
+        bar.close()
+        if pool is not None:
+            pool.shutdown()
+    best = make_spec(found["ratio"], found["gamma"])
+    for rec in found["measurements"]:
+        rec["budget"] = make_spec(rec["ratio"], rec["gamma"]).budget
+    chosen = next(m for m in found["measurements"] if (m["ratio"], m["gamma"]) == (best.ratio, best.gamma))
+    d = jax.devices()[0]
+    result = {
+        **dataclasses.asdict(best),   # every SpecConfig field, so the file rebuilds exactly this config
+        "tau": chosen["tau"], "tokens_per_s": chosen["tokens_per_s"], "stage1_ratio": found["stage1_ratio"],
+        "measurements": found["measurements"],
+        "model": model.path, "prompt_tokens": int(lengths.max()), "batch": B, "max_new_tokens": max_new_tokens,
+        "ratios": sorted({float(r) for r in ratios}), "gammas": sorted({int(g) for g in gammas}),
+        "plateau_tol": plateau_tol, "reps": reps,
+        "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",
+        "devices": 1 if model.mesh is None else int(model.mesh.size), "jax": jax.__version__,
+    }
+    if out:
+        write_config(out, result)
+    say(f"chosen: ratio {best.ratio:.4g}, gamma {best.gamma}, budget {best.budget}: tau {chosen['tau']:.3f}, "
+        f"{chosen['tokens_per_s']:.1f} tok/s" + (f" -> {out}" if out else ""))
+    return result
+
+
+# ------------------------------------------------------------------------------------------ config files
+
+def write_config(path: str, config: dict) -> str:
+    """Write a tuned config as JSON atomically (temp file + rename)."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(config, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def read_config(src) -> dict:
+    """The SpecConfig fields of a tuned config: a JSON file path, its dict, or a SpecConfig.
+
+    Other keys (measurements, model, device, ...) are ignored. The fields are checked on their own (types,
+    a known speculative method, SpecConfig's own rules), so a bad file fails with its name in the message.
+    Raises:
+      InputError: missing or unreadable file, invalid JSON, wrong types, unknown method.
+    """
+    if isinstance(src, SpecConfig):
+        return dataclasses.asdict(src)
+    where = "config"
+    if isinstance(src, (str, os.PathLike)):
+        where = f"config file {os.fspath(src)}"
+        try:
+            with open(src, encoding="utf-8") as f:
+                src = json.load(f)
+        except FileNotFoundError:
+            raise InputError(f"{where} does not exist (write one with `jspec tune --out FILE`)") from None
+        except IsADirectoryError:
+            raise InputError(f"{where} is a directory, not a JSON file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"{where} is not valid JSON ({e})") from None
+        except OSError as e:
+            raise InputError(f"cannot read {where}: {e.strerror or e}") from None
+    if not isinstance(src, dict):
+        raise InputError(f"{where} must be a JSON object with the SpecConfig fields, got {type(src).__name__}")
+    if "method" not in src:
+        raise InputError(f"{where} names no \"method\" (one of {', '.join(METHODS)})")
+    knobs = {}
+    for f in dataclasses.fields(SpecConfig):
+        if f.name in src:
+            knobs[f.name] = _field_value(where, f, src[f.name])
+    if knobs["method"] not in METHODS:
+        raise InputError(f"{where} names an unknown speculative method {knobs['method']!r}; "
+                         f"available: {', '.join(METHODS)}")
+    try:
+        SpecConfig(**knobs)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    return knobs
+
+
+def _field_value(where: str, field: dataclasses.Field, v):
+    """A JSON value checked against a SpecConfig field's annotation (a JSON list becomes a tuple)."""
+    ann = str(field.type)   # a string here: `from __future__ import annotations` in config.py
+    if v is None and "Optional" in ann:
+        return None
+    if "tuple" in ann:
+        if isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return tuple(v)
+        want = "a list of integers"
+    elif "float" in ann:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        want = "a number"
+    elif "int" in ann:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        want = "an integer"
+    elif "str" in ann:
+        if isinstance(v, str):
+            return v
+        want = "a string"
+    else:
+        return v
+    raise InputError(f"{where}: \"{field.name}\" must be {want}" + (" or null" if "Optional" in ann else "")
+                     + f", got {json.dumps(v)}")
