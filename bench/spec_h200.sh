@@ -7,6 +7,6 @@ set -euo pipefail
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
 set -o pipefail
 timeout "${SPEC_TIMEOUT:-420}" python3 bench/spec.py --out "$OUT/spec_h200.json" --impl pallas \
-  --budget-s "${BUDGET_S:-330}" 2>&1 | tee "$OUT/spec_log.txt"
+  --budget-s "${BUDGET_S:-330}" ${SPEC_ARGS:-} 2>&1 | tee "$OUT/spec_log.txt"
 JAX_PLATFORMS=cpu timeout "${HF_TIMEOUT:-150}" python3 bench/spec_hf.py --spec "$OUT/spec_h200.json" 2>&1 \
   | grep -v Warning | tail -15
