@@ -76,10 +76,13 @@ def main():
     tok_per_step = kw["batch"] * kw["seq_len"]
 
     if not steps:
-        # Calibrate: 8 steps (the first compiles) in a scratch run; the jitted step is cached in-process.
+        # Calibrate: 8 steps in a scratch run; the jitted step is cached in-process.
+        # Twice: the first pass's rate still includes compiles past its first step (seen on the H200: a rate
+        # ~6x too low, so the schedule filled a third of the budget); the second reuses every compiled step.
         cal = os.path.join(a.out, "_calibrate")
-        s = train_drafter(**{**kw, "out": cal, "resume": False, "overwrite": True, "ckpt_every": 0}, steps=10**6,
-                          stop_at=8, eval_every=0, plot=False, progress=False)
+        for _ in range(2):
+            s = train_drafter(**{**kw, "out": cal, "resume": False, "overwrite": True, "ckpt_every": 0},
+                              steps=10**6, stop_at=8, eval_every=0, plot=False, progress=False)
         shutil.rmtree(cal, ignore_errors=True)
         tps = s["tokens_per_s"]
         left = a.budget_s - (time.perf_counter() - t0) - 45.0   # reserve: evals, checkpoint, export, plot
