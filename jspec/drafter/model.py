@@ -142,15 +142,17 @@ def _self_qkv(dp, cfg, x, positions):
     return rope(q, positions, cfg), rope(k, positions, cfg), v
 
 
-def _after_self(dp, tp, cfg, x, o_self, positions, target_k, target_v, cross_visible, logits_at):
-    """Residual of the self-attention, cross-attention over the target's K/V, MLP, final norm, head."""
+def _after_self(dp, tp, cfg, x, o_self, positions, target_k, target_v, cross_visible, logits_at, cross_fn=None):
+    """Residual of the self-attention, cross-attention over the target's K/V, MLP, final norm, head.
+    `cross_fn(q [B, T, N, H]) -> [B, T, N, H]`, when given, does the cross-attention instead (e.g. a kernel
+    reading the target's stacked cache in place)."""
     eps, dt = cfg.norm_eps, x.dtype
     x = x + jnp.einsum("BTNH,NHD->BTD", o_self.astype(dt), _w(dp, "wo", dt))
     h = rms_norm(x, dp["xattn_norm"], eps)
     # The target's cached keys carry RoPE at their absolute positions, so the drafter's cross query gets
     # RoPE at its own position: q.k then depends on the relative distance, as inside the target.
     qx = rope(jnp.einsum("BTD,DNH->BTNH", h, _w(dp, "wq_x", dt)), positions, cfg)
-    o_x = attend(qx, target_k, target_v, cross_visible)
+    o_x = attend(qx, target_k, target_v, cross_visible) if cross_fn is None else cross_fn(qx)
     x = x + jnp.einsum("BTNH,NHD->BTD", o_x, _w(dp, "wo_x", dt))
     h = rms_norm(x, dp["mlp_norm"], eps)
     g = jnp.einsum("BTD,DF->BTF", h, _w(dp, "w_gate", dt))
@@ -257,7 +259,7 @@ def drafter_step(dparams, tparams, cfg: ModelConfig, tokens, dcache: DrafterCach
 
 
 def drafter_tree_step(dparams, tparams, cfg: ModelConfig, tokens, depth, dcache: DrafterCache, tree_k, tree_v,
-                      slots, visible, target_k_last, target_v_last, target_len):
+                      slots, visible, target_k_last=None, target_v_last=None, target_len=None, *, cross_fn=None):
     """Run one level of a draft tree through the drafter (LongSpec tree drafting, DESIGN.md section 4).
 
     A round's tree lives outside the ring, in a small per-round buffer of node K/V (`tree_k`, `tree_v`, one
@@ -273,7 +275,10 @@ def drafter_tree_step(dparams, tparams, cfg: ModelConfig, tokens, depth, dcache:
       tree_k, tree_v: [B, M, K, H] the round's node buffer; slots: int32[B, T] where this level's K/V go.
       visible: bool[B, T, M] buffer slots each node attends to (ancestor-or-self; the new K/V are written
         before attending, so a node sees itself).
-      target_k_last, target_v_last, target_len: as in `drafter_step`.
+      target_k_last, target_v_last, target_len: as in `drafter_step`; or
+      cross_fn: cross_fn(q [B, T, N, H]) -> [B, T, N, H], the cross-attention done by the caller (the
+        speculative engine runs it with a kernel over the target's stacked cache, so its cost follows the
+        context length rather than the cache capacity).
     Returns:
       (logits f32[B, T, V], tree_k, tree_v with this level written).
     """
@@ -294,11 +299,14 @@ def drafter_tree_step(dparams, tparams, cfg: ModelConfig, tokens, depth, dcache:
     vals = jnp.concatenate([dcache.v.astype(v.dtype), tree_v.astype(v.dtype)], axis=1)
     o = attend(q, keys, vals, jnp.concatenate([ring_visible, visible], axis=2))
 
-    target_len = jnp.asarray(target_len, jnp.int32)
-    tl = target_len[:, None] if target_len.ndim == 1 else target_len
-    j = jnp.arange(target_k_last.shape[1], dtype=jnp.int32)
-    cross_visible = j[None, None, :] < tl[:, :, None]
-    logits = _after_self(dparams, tparams, cfg, x, o, idx, target_k_last, target_v_last, cross_visible, None)
+    cross_visible = None
+    if cross_fn is None:
+        target_len = jnp.asarray(target_len, jnp.int32)
+        tl = target_len[:, None] if target_len.ndim == 1 else target_len
+        j = jnp.arange(target_k_last.shape[1], dtype=jnp.int32)
+        cross_visible = j[None, None, :] < tl[:, :, None]
+    logits = _after_self(dparams, tparams, cfg, x, o, idx, target_k_last, target_v_last, cross_visible, None,
+                         cross_fn)
     return logits, tree_k, tree_v
 
 

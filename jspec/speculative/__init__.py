@@ -1,9 +1,18 @@
-"""Self-speculative decoding: the target drafts for itself with sparse attention, then verifies losslessly.
+"""Speculative decoding, lossless: the target drafts for itself with sparse attention, or a trained LongSpec
+drafter drafts a chain or a tree; one target forward verifies each round.
 
     state = jspec.speculative.init(params, cfg, spec, prompt_tokens, prompt_lengths, capacity)
     tokens, n_out, stats = jspec.speculative.run(params, cfg, spec, samp, state, key, max_new_tokens)
 
-Methods (one module each, one shared engine): streaming, quest, vegas. See engine.py and DESIGN.md section 4.
+    # LongSpec: the drafter's params are a traced argument of init / prepare / run
+    d = jspec.drafter.load_drafter("checkpoints/drafters/smollm2-135m")
+    spec = SpecConfig("longspec", tree_widths=(4, 16, 16, 16, 16), window=d.window)   # or mode="chain", gamma=5
+    state = jspec.speculative.init(params, cfg, spec, prompt_tokens, prompt_lengths, capacity, drafter=d.params)
+    tokens, n_out, stats = jspec.speculative.run(params, cfg, spec, samp, state, key, max_new_tokens,
+                                                 drafter=d.params)
+
+Methods (one module each, one shared engine): streaming, quest, vegas, longspec (+ tree.py: draft trees and
+their lossless acceptance). See engine.py and DESIGN.md section 4.
 """
 from jspec.speculative.config import METHODS, SpecConfig
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating

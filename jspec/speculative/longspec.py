@@ -1,0 +1,149 @@
+"""LongSpec: a trained one-block drafter over the target's last-layer KV cache, chain or tree drafts, one
+tree-masked target verification per round (DESIGN.md section 4; the drafter is jspec/drafter/model.py).
+
+One round (driven by jspec/speculative/engine.py's while_loop, like the self-speculative methods):
+
+    target cache: the accepted prefix, slots 0 .. base-1; drafter ring: the same tokens (lengths = base);
+    `last` (the newest emitted token, not cached anywhere) is the tree's root at position base.
+    1. draft    level by level (`tree.grow`): the drafter runs the root, then each level's nodes, with the
+                tree's ancestor mask over a per-round node buffer (positions base + depth) and
+                cross-attention over every accepted target slot (< base: the verification lag is 1 for the
+                root, d + 1 at depth d). Chain mode is the tree of widths (1,) * gamma.
+    2. verify   one target forward over [root, nodes] (T = 1 + sum(widths)) with `model.Tree(depth, mask)`:
+                node t is written at slot base + t, RoPE position base + depth(t)
+    3. accept   greedy: deepest path of target argmaxes; sampling: recursive rejection (tree.py, with proof)
+    4. compact  the accepted path's K/V move to slots base+1 .. base+n in every layer (`tree.compact`); the
+                root and the path's drafter K/V (from the node buffer: they depend only on token and
+                position) go into the ring; the engine sets lengths = base + n + 1 for both.
+
+Public pieces (`draft`, `verify`, `accept`, `commit`) are plain functions so a benchmark can jit one alone.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jspec import attention, kv_cache, model
+from jspec.attention import AttnImpl
+from jspec.config import ModelConfig, SamplingConfig
+from jspec.drafter.model import DrafterCache, drafter_commit, drafter_fill, drafter_tree_step
+from jspec.speculative import tree as tree_lib
+from jspec.speculative.config import SpecConfig
+
+
+@struct.dataclass
+class State:
+    """LongSpec's per-run state (in the engine's State.method): the drafter's ring of accepted tokens."""
+
+    dcache: DrafterCache
+
+
+@struct.dataclass
+class Draft:
+    """One round's draft: the tree, q at its inner nodes (sampling only) and the drafter's node K/V."""
+
+    tree: tree_lib.DraftTree
+    q: object             # f32[B, T - w_D, V] or None (greedy)
+    node_k: jax.Array     # [B, T, K, H] drafter self-attention K/V of every node (root included)
+    node_v: jax.Array
+
+
+def _need(drafter):
+    if drafter is None:
+        raise ValueError("method 'longspec' needs the drafter's params: pass drafter=<params> (e.g. "
+                         "jspec.drafter.load_drafter(path).params) to init / prepare / run")
+    return drafter
+
+
+def init(drafter, params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengths) -> State:
+    """The ring after a prefill: the last W prompt tokens' drafter K/V (lengths = prompt_lengths)."""
+    return State(dcache=drafter_fill(_need(drafter), params, cfg, prompt_tokens, prompt_lengths,
+                                     window=spec.window, dtype=cfg.dtype))
+
+
+def cross_attention(cfg: ModelConfig, cache: kv_cache.KVCache, impl: AttnImpl = AttnImpl()):
+    """The drafter's cross-attention as `attention.full` over the target's last layer, read in place.
+
+    Every draft node sees the same keys, the accepted slots j < lengths, so the T nodes are folded into the
+    head axis as T*N heads of ONE query row (head k*T*G + t*G + g reads KV head k, GQA-grouped as the kernel
+    expects) with kv_len = lengths: bottom-right causal then means "every slot < lengths". On GPU this is the
+    flash kernel, whose cost follows the context length, not the cache capacity; on CPU the XLA path.
+    Returns cross_fn(q [B, T, N, H]) -> [B, T, N, H] for `drafter_tree_step`.
+    """
+    K = cfg.n_kv_heads
+
+    def cross_fn(q):
+        B, T, N, H = q.shape
+        G = N // K
+        q1 = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B, 1, K * T * G, H)
+        o, _ = attention.full(q1.astype(cache.k.dtype), cache.k, cache.v, cfg.n_layers - 1, cache.lengths,
+                              impl=impl)
+        return o.reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H).astype(q.dtype)
+
+    return cross_fn
+
+
+def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, drafter, mstate: State,
+          cache: kv_cache.KVCache, last, key, impl: AttnImpl = AttnImpl()) -> Draft:
+    """Grow the round's draft tree with the drafter (step 1). Reads the cache, writes nothing to it."""
+    dparams = _need(drafter)
+    widths = spec.widths
+    B = last.shape[0]
+    T = 1 + sum(widths)
+    dcache = mstate.dcache
+    shape = (B, T, cfg.n_kv_heads, cfg.head_dim)
+    buf = (jnp.zeros(shape, dcache.k.dtype), jnp.zeros(shape, dcache.v.dtype))
+    cross_fn = cross_attention(cfg, cache, impl)   # every accepted target slot (< lengths) is visible
+
+    def run_level(buf, lvl, idx, tree):
+        slots = jnp.broadcast_to(jnp.asarray(idx, jnp.int32), (B, len(idx)))
+        logits, nk, nv = drafter_tree_step(dparams, params, cfg, tree.tokens[:, idx], lvl, dcache, buf[0], buf[1],
+                                           slots, tree.mask[:, idx, :], cross_fn=cross_fn)
+        return logits, (nk, nv)
+
+    tree, q, (nk, nv) = tree_lib.grow(widths, samp, key, last, run_level, buf)
+    return Draft(tree=tree, q=q, node_k=nk, node_v=nv)
+
+
+def verify(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, tree: tree_lib.DraftTree,
+           impl: AttnImpl = AttnImpl()):
+    """One target forward over the whole tree (step 2). Returns logits f32[B, T, V] and the cache (lengths
+    + T; node t's K/V at slot base + t)."""
+    B, T = tree.tokens.shape
+    depth = jnp.broadcast_to(jnp.asarray(tree_lib.depths(spec.widths)), (B, T))
+    logits, cache, _ = model.forward(params, cfg, tree.tokens, cache, tree=model.Tree(depth=depth, mask=tree.mask),
+                                     impl=impl)
+    return logits, cache
+
+
+def accept(spec: SpecConfig, samp: SamplingConfig, d: Draft, target_logits, key):
+    """Lossless acceptance (step 3): best node int32[B], n_accepted int32[B] in [0, depth], next int32[B]."""
+    if samp.greedy:
+        return tree_lib.accept_greedy(spec.widths, d.tree, target_logits)
+    return tree_lib.accept_sampled(spec.widths, d.tree, d.q, target_logits, samp, key)
+
+
+def commit(spec: SpecConfig, d: Draft, cache: kv_cache.KVCache, base, best, n_accepted, active, mstate: State):
+    """Step 4: the accepted path (drafts int32[B, depth], for the engine's `emitted`), the compacted target
+    cache (lengths left to the caller) and the ring with root + path appended for the `active` rows."""
+    path = tree_lib.path(spec.widths, d.tree, best)                                     # [B, D]
+    cache = tree_lib.compact(cache, base, path, n_accepted)
+    drafts = jnp.take_along_axis(d.tree.tokens, path, axis=1)
+    ring_idx = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)[:, :, None, None]
+    k = jnp.take_along_axis(d.node_k, ring_idx, axis=1)
+    v = jnp.take_along_axis(d.node_v, ring_idx, axis=1)
+    dcache = drafter_commit(mstate.dcache, k, v, jnp.where(active, n_accepted + 1, 0))
+    return drafts, cache, State(dcache=dcache)
+
+
+def step(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, drafter, mstate: State,
+          cache: kv_cache.KVCache, last, active, k_draft, k_accept, impl: AttnImpl = AttnImpl()):
+    """draft -> verify -> accept -> commit. Returns drafts int32[B, depth] (the accepted path first),
+    n_accepted, next token, the cache (lengths still base + T) and the new State."""
+    base = cache.lengths
+    d = draft(params, cfg, spec, samp, drafter, mstate, cache, last, k_draft, impl)
+    logits, cache = verify(params, cfg, spec, cache, d.tree, impl)
+    best, n_acc, nxt = accept(spec, samp, d, logits, k_accept)
+    drafts, cache, mstate = commit(spec, d, cache, base, best, n_acc, active, mstate)
+    return drafts, n_acc, nxt, cache, mstate

@@ -1,0 +1,392 @@
+"""LongSpec (jspec/speculative/longspec.py, tree.py): trained-drafter chain and tree drafts, tree verification.
+
+- greedy output is token-identical to plain greedy decoding, chain and tree modes, a ragged batch with a
+  stop token, for a random drafter (mostly rejected drafts) and a good one (deep trees accepted);
+- compaction: after decoding, the target cache equals plain decoding's and the drafter's ring equals a
+  fresh fill from the emitted sequence;
+- sampling: the tree rule (recursive rejection over drafts sampled from q) emits the target distribution
+  (chi-square on hand-built p and q over whole 3-token sequences, with a negative control: the public
+  top-k-then-p/q rule fails the same test), and whole engine rounds on a tiny model do too;
+- the real SmolLM2 (slow): greedy identity in float32 with a random drafter and, when it has been committed,
+  the trained one.
+
+Two tiny targets share one config (so every jitted function compiles once per mode): "plain" random weights
+with a random drafter, and "local", whose layers are damped so the next token depends mostly on the current
+one; a drafter with a zero block (logits = head(norm(embed(token)))) then predicts it well.
+"""
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jspec import decoding as gen
+from jspec import kv_cache, model, sampling, speculative
+from jspec.config import ModelConfig, RopeScaling, SamplingConfig
+from jspec.drafter import drafter_fill, init_drafter_params, load_drafter
+from jspec.speculative import SpecConfig
+from jspec.speculative import tree as tree_lib
+
+GREEDY = SamplingConfig()
+NEW = 20
+CAPACITY = 96
+PROMPT_LENGTHS = (3, 29, 17)
+WINDOW = 8
+SPECS = {"chain": SpecConfig("longspec", mode="chain", gamma=3, window=WINDOW),
+         "tree": SpecConfig("longspec", tree_widths=(2, 4, 3), window=WINDOW)}
+DRAFTER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "checkpoints", "drafters", "smollm2-135m")
+
+
+def tiny(**kw):
+    base = dict(arch="llama", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                ffn_dim=96, rope_theta=10000.0, rope_scaling=RopeScaling(factor=8.0, original_max_position=32),
+                dtype="float32", max_position=256)
+    return ModelConfig(**{**base, **kw})
+
+
+def damped(params, factor):
+    """The layers' output projections scaled by `factor`: the next token then depends mostly on the current
+    one, which a drafter with a zero block (logits = head(norm(embed(token)))) predicts."""
+    return dict(params, layers=dict(params["layers"], wo=factor * params["layers"]["wo"],
+                                    w_down=factor * params["layers"]["w_down"]))
+
+
+@functools.lru_cache(maxsize=None)
+def setup(kind):
+    """Target, drafter, prompts, the plain-decoding reference (stop token applied) and its cache."""
+    cfg = tiny()
+    params = model.init_params(cfg, jax.random.key(1), scale=0.3)
+    if kind == "local":
+        params = damped(params, 0.006)
+        drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.0)
+    else:
+        drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.3)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(4, cfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
+    tokens, lengths = gen.pad_prompts(prompts, multiple=32)
+    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+    cache = kv_cache.init(cfg, batch=len(prompts), capacity=CAPACITY)
+    logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
+    free, _, ar_cache = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    free = np.asarray(free)
+    # A stop token that row 0 emits early and some other row never does: one row stops, another runs to NEW.
+    stop = next(int(t) for t in free[0, 1:10] if any(t not in row for row in free[1:]))
+    ref = [row[:row.index(stop) + 1] if stop in row else row for row in free.tolist()]
+    return dict(cfg=cfg, params=params, drafter=drafter, prompts=prompts, tokens=tokens, lengths=lengths,
+                stop=stop, ref=ref, free=free, ar_cache=ar_cache)
+
+
+def run_longspec(s, spec, *, stops=(), samp=GREEDY, key=0, new=NEW):
+    state = speculative.init(s["params"], s["cfg"], spec, s["tokens"], s["lengths"], CAPACITY, drafter=s["drafter"])
+    out, n_out, st, final = speculative.run_donating(s["params"], s["cfg"], spec, samp, state, jax.random.key(key),
+                                                     new, stop_tokens=stops, drafter=s["drafter"])
+    out, n_out = np.asarray(out), np.asarray(n_out)
+    return [out[b, :n_out[b]].tolist() for b in range(len(n_out))], out, st, final
+
+
+@pytest.mark.parametrize("kind", ["plain", "local"])
+@pytest.mark.parametrize("mode", list(SPECS))
+def test_greedy_identical_to_plain_decoding(mode, kind):
+    s = setup(kind)
+    spec = SPECS[mode]
+    got, out, st, _ = run_longspec(s, spec, stops=(s["stop"],))
+    assert got == s["ref"]
+    assert all((out[b, len(g):] == -1).all() for b, g in enumerate(got))
+    assert any(len(r) < NEW for r in s["ref"]) and any(len(r) == NEW for r in s["ref"])
+    hist = np.asarray(st.accept_hist)
+    assert hist.shape == (3, spec.depth + 1) and (np.asarray(st.rounds) == hist.sum(1)).all()
+    if kind == "plain":
+        assert st.tau() < 1.5                                   # a random drafter: mostly rejected
+    else:
+        assert st.tau() > 1.4 and hist[:, 2:].sum() >= 2, hist  # deep paths accepted: compaction exercised
+
+
+def test_compaction_leaves_plain_decodings_cache():
+    """After decoding with deep tree acceptances, every cached target slot equals plain decoding's (same tokens,
+    same positions; the last round may overshoot NEW by up to depth tokens, so plain decoding runs further)
+    and the drafter's ring equals a fresh fill from prompt + emitted tokens."""
+    s = setup("local")
+    spec = SPECS["tree"]
+    got, out, st, final = run_longspec(s, spec)
+    assert got == s["free"].tolist()
+    hist = np.asarray(st.accept_hist).sum(0)
+    assert hist[2:].sum() >= 3, hist
+    longer = NEW + spec.depth + 1
+    cache = kv_cache.init(s["cfg"], batch=3, capacity=CAPACITY)
+    logits, cache = gen.prefill(s["params"], s["cfg"], s["tokens"], s["lengths"], cache)
+    free, _, ar_cache = gen.decode(s["params"], s["cfg"], GREEDY, cache, logits, jax.random.key(0),
+                                   max_new_tokens=longer)
+    lens = np.asarray(final.cache.lengths)
+    assert (lens > np.asarray(s["lengths"]) + NEW - 2).all() and (lens <= np.asarray(ar_cache.lengths)).all()
+    for b in range(3):
+        n = int(lens[b])
+        np.testing.assert_allclose(final.cache.k[:, b, :n], ar_cache.k[:, b, :n], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(final.cache.v[:, b, :n], ar_cache.v[:, b, :n], rtol=1e-4, atol=1e-5)
+
+    # The ring: positions lens-W .. lens-1 of prompt + emitted, with the K/V a fill from scratch computes.
+    ring = final.method.dcache
+    np.testing.assert_array_equal(ring.lengths, lens)
+    seqs = [p + np.asarray(free)[b, :lens[b] - len(p)].tolist() for b, p in enumerate(s["prompts"])]
+    toks, seq_lens = gen.pad_prompts(seqs, multiple=32)
+    np.testing.assert_array_equal(seq_lens, lens)
+    fresh = jax.jit(drafter_fill, static_argnames=("cfg", "window"))(
+        s["drafter"], s["params"], s["cfg"], jnp.asarray(toks), jnp.asarray(seq_lens), window=WINDOW)
+    for b in range(3):
+        order, fresh_order = np.argsort(np.asarray(ring.pos[b])), np.argsort(np.asarray(fresh.pos[b]))
+        np.testing.assert_array_equal(np.asarray(ring.pos[b])[order], np.arange(lens[b] - WINDOW, lens[b]))
+        np.testing.assert_array_equal(np.asarray(fresh.pos[b])[fresh_order], np.asarray(ring.pos[b])[order])
+        np.testing.assert_allclose(ring.k[b][order], fresh.k[b][fresh_order], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ring.v[b][order], fresh.v[b][fresh_order], rtol=1e-5, atol=1e-6)
+
+
+def test_tree_layout_and_greedy_growth():
+    """Static layout, parents / ancestor masks of a grown tree, and the global top-w rule by cumulative log q."""
+    widths = (2, 3)
+    assert tree_lib.level_offsets(widths) == (0, 1, 3, 6) and tree_lib.depths(widths).tolist() == [0, 1, 1, 2, 2, 2]
+    V = 6
+    lq0 = np.log(np.array([0.05, 0.5, 0.05, 0.3, 0.05, 0.05]))
+    lq1 = {1: np.log(np.array([0.9, 0.02, 0.02, 0.02, 0.02, 0.02])),     # after token 1: one sure child
+           3: np.log(np.array([0.02, 0.02, 0.4, 0.02, 0.5, 0.04]))}      # after token 3: two likely ones
+
+    def run_level(state, lvl, idx, tree):
+        if lvl == 0:
+            return jnp.asarray(lq0)[None, None], state
+        return jnp.stack([jnp.asarray(np.stack([lq1[int(t)] for t in np.asarray(tree.tokens[0, idx])]))]), state
+
+    tree, q, _ = tree_lib.grow(widths, GREEDY, jax.random.key(0), jnp.array([7]), run_level, None)
+    assert q is None
+    assert np.asarray(tree.tokens[0]).tolist() == [7, 1, 3, 0, 4, 2]
+    # cumulative: (1,0) .5*.9=.45, (3,4) .3*.5=.15, (3,2) .3*.4=.12, next best (1, x) .5*.02=.01
+    assert np.asarray(tree.parent[0]).tolist() == [-1, 0, 0, 1, 2, 2]
+    anc = np.asarray(tree.mask[0]).astype(int)
+    assert anc.tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+                            [1, 1, 0, 1, 0, 0], [1, 0, 1, 0, 1, 0], [1, 0, 1, 0, 0, 1]]
+    # Greedy acceptance: target argmax 3 at the root, 2 after 3, 5 after (3, 2): accept node 5 (depth 2), bonus 5.
+    tl = np.zeros((1, 6, V), np.float32)
+    tl[0, 0, 3] = tl[0, 2, 2] = tl[0, 5, 5] = tl[0, 1, 0] = 1.0
+    best, n, nxt = tree_lib.accept_greedy(widths, tree, jnp.asarray(tl))
+    assert (int(best[0]), int(n[0]), int(nxt[0])) == (5, 2, 5)
+    assert np.asarray(tree_lib.path(widths, tree, best))[0].tolist() == [2, 5]
+
+
+# --- sampling: chi-square ---------------------------------------------------------------------------------
+
+def _tables(V=5, seed=0):
+    """Hand-built p and q up to depth 2 with zeros on both sides (q drafts tokens p forbids and vice versa)."""
+    rng = np.random.default_rng(seed)
+
+    def dist(*shape, zero_frac=0.25):
+        x = rng.gamma(0.7, size=shape + (V,))
+        x = np.where(rng.random(x.shape) < zero_frac, 0.0, x)
+        x[..., 0] += 0.05                                        # every row keeps some mass
+        return x / x.sum(-1, keepdims=True)
+
+    return dict(p0=dist(), q0=dist(), p1=dist(V), q1=dist(V), p2=dist(V, V))
+
+
+def _table_tree(t, widths, samp, key, N):
+    """Grow a tree whose draft logits are looked up by path, and the target logits at every node."""
+    lg = lambda x: jnp.log(jnp.asarray(x, jnp.float32))
+
+    def run_level(state, lvl, idx, tree):
+        if lvl == 0:
+            return jnp.broadcast_to(lg(t["q0"]), (N, 1, t["q0"].size)), state
+        return lg(t["q1"])[tree.tokens[:, idx]], state
+
+    tr, q, _ = tree_lib.grow(widths, samp, key, jnp.zeros((N,), jnp.int32), run_level, None)
+    dep = tree_lib.depths(widths)
+    par_tok = jnp.take_along_axis(tr.tokens, jnp.maximum(tr.parent, 0), axis=1)
+    tl = jnp.where((dep == 0)[None, :, None], lg(t["p0"])[None, None],
+                   jnp.where((dep == 1)[None, :, None], lg(t["p1"])[tr.tokens], lg(t["p2"])[par_tok, tr.tokens]))
+    return tr, q, tl
+
+
+def _three_tokens(t, path_tokens, n_acc, nxt, seed):
+    """Complete each round's output to 3 tokens by exact sampling from p (what the next rounds would do)."""
+    N = n_acc.shape[0]
+    rng = np.random.default_rng(seed)
+    seq = np.zeros((N, 3), np.int64)
+    for i in range(N):
+        emitted = list(path_tokens[i, :n_acc[i]]) + [nxt[i]]
+        seq[i, :len(emitted)] = emitted[:3]
+    V = t["p0"].size
+    for pos in range(1, 3):       # rows that emitted only `pos` tokens draw the rest from the target
+        need = n_acc + 1 <= pos
+        probs = t["p1"][seq[:, 0]] if pos == 1 else t["p2"][seq[:, 0], seq[:, 1]]
+        u = rng.random(N)[:, None]
+        draw = np.minimum((u > np.cumsum(probs, -1)).sum(-1), V - 1)
+        seq[:, pos] = np.where(need, draw, seq[:, pos])
+    return seq
+
+
+def _chisquare(t, seq):
+    V = t["p0"].size
+    want = (t["p0"][:, None, None] * t["p1"][:, :, None] * t["p2"]).reshape(-1)
+    counts = np.bincount(seq[:, 0] * V * V + seq[:, 1] * V + seq[:, 2], minlength=V ** 3)
+    keep = want * len(seq) >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(want[keep], want[~keep].sum()) * len(seq)
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue, counts[want == 0].sum()
+
+
+SAMP = SamplingConfig(temperature=1.0)
+
+
+@functools.partial(jax.jit, static_argnames=("widths", "negative", "N"))
+def _hand_built_round(t, key, widths, negative, N):
+    k_grow, k_acc = jax.random.split(key)
+    if negative:   # the public rule: top-k drafts by q (deterministic, distinct), then the same p/q tests
+        tr, _, tl = _table_tree(t, widths, GREEDY, k_grow, N)
+        dep = tree_lib.depths(widths)
+        q_tok = jnp.where((dep == 0)[None, :, None], jnp.asarray(t["q0"], jnp.float32)[None, None],
+                          jnp.asarray(t["q1"], jnp.float32)[tr.tokens])
+        q = q_tok[:, :1 + widths[0]]
+    else:
+        tr, q, tl = _table_tree(t, widths, SAMP, k_grow, N)
+    best, n_acc, nxt = tree_lib.accept_sampled(widths, tr, q, tl, SAMP, k_acc)
+    path = tree_lib.path(widths, tr, best)
+    return jnp.take_along_axis(tr.tokens, path, axis=1), n_acc, nxt
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_tree_rejection_sampling_emits_the_target_distribution(negative):
+    """3-token sequences from one round (completed exactly) follow p0(a) p1(b|a) p2(c|a,b): chi-square over all
+    V^3 cells. Widths (3, 4): 3 i.i.d. root children (duplicates included, V = 5), 4 grandchildren shared
+    unevenly (2, 1, 1) by score. The negative control (top-k drafts + p/q test) must fail."""
+    t = _tables()
+    N = 60_000
+    path_tokens, n_acc, nxt = _hand_built_round({k: jnp.asarray(v, jnp.float32) for k, v in t.items()},
+                                                jax.random.key(3), (3, 4), negative, N)
+    n_acc, nxt = np.asarray(n_acc), np.asarray(nxt)
+    seq = _three_tokens(t, np.asarray(path_tokens), n_acc, nxt, seed=1)
+    pvalue, forbidden = _chisquare(t, seq)
+    hist = np.bincount(n_acc, minlength=3)
+    if negative:
+        assert pvalue < 1e-6, pvalue
+    else:
+        assert hist.min() > 0.05 * N, hist                     # rejections and deep acceptances both happen
+        assert forbidden == 0
+        assert pvalue > 1e-3, pvalue
+
+
+def test_sampled_engine_rounds_follow_the_target_distribution():
+    """Whole engine rounds, tree mode, a tiny model: the 2nd and 3rd emitted tokens (the first round's output
+    and what follows it) have the target's marginals, computed exactly by enumeration."""
+    cfg = tiny(vocab_size=16, d_model=32, ffn_dim=48, rope_scaling=None)
+    params = damped(model.init_params(cfg, jax.random.key(3), scale=0.6), 0.01)
+    drafter = init_drafter_params(cfg, jax.random.key(4), target_params=params, scale=0.0)
+    samp = SamplingConfig(temperature=0.9, top_k=12)
+    N = 8000
+    P = 12
+    prompt = np.random.default_rng(7).integers(0, 16, P)
+    tokens = jnp.asarray(np.tile(prompt, (N, 1)), jnp.int32)
+    lengths = jnp.full((N,), P, jnp.int32)
+    spec = SpecConfig("longspec", tree_widths=(2, 3), window=WINDOW)
+    state = speculative.init(params, cfg, spec, tokens, lengths, 24, drafter=drafter)
+    out, _, st = speculative.run(params, cfg, spec, samp, state, jax.random.key(11), 3, drafter=drafter)
+    out = np.asarray(out)
+    hist = np.asarray(st.accept_hist).sum(0)
+    assert hist[0] > 0.05 * hist.sum() and hist[1:].sum() > 0.2 * hist.sum(), hist
+
+    V = cfg.vocab_size
+    seqs = np.concatenate([np.tile(prompt, (V * V, 1)), np.repeat(np.arange(V), V)[:, None],
+                           np.tile(np.arange(V), V)[:, None]], 1)
+    cache = kv_cache.init(cfg, batch=V * V, capacity=seqs.shape[1])
+    logits = jax.jit(model.forward, static_argnums=1)(params, cfg, jnp.asarray(seqs, jnp.int32), cache)[0]
+    p = np.asarray(sampling.process_logits(logits[:, -3:], samp), np.float64)
+    p0, p1, p2 = p[0, 0], p[::V, 1], p[:, 2].reshape(V, V, V)
+    for pos, m in ((1, p0 @ p1), (2, np.einsum("a,ab,abc->c", p0, p1, p2))):
+        counts = np.bincount(out[:, pos], minlength=V)
+        assert counts[m == 0].sum() == 0
+        keep = m * N >= 5
+        obs = np.append(counts[keep], counts[~keep].sum())
+        exp = np.append(m[keep], m[~keep].sum()) * N
+        obs, exp = obs[exp > 0], exp[exp > 0]
+        assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3, (pos, obs, exp.round(1))
+
+
+# --- API ------------------------------------------------------------------------------------------------
+
+def test_config_and_missing_drafter():
+    spec = SpecConfig("longspec", tree_widths=[4, 16, 16, 16, 16])
+    assert spec.tree_widths == (4, 16, 16, 16, 16) and spec.depth == 5 and spec.capacity_margin() == 69
+    chain = SpecConfig("longspec", mode="chain", gamma=6)
+    assert chain.widths == (1,) * 6 and chain.capacity_margin() == 7
+    assert SpecConfig("vegas", gamma=4).capacity_margin() == 5 and SpecConfig("vegas", gamma=4).depth == 4
+    with pytest.raises(ValueError, match="mode="):
+        SpecConfig("longspec", mode="forest")
+    with pytest.raises(ValueError, match="window"):
+        SpecConfig("longspec", tree_widths=(1,) * 8, window=8)
+    s = setup("plain")
+    with pytest.raises(ValueError, match="drafter"):
+        speculative.init(s["params"], s["cfg"], SPECS["chain"], s["tokens"], s["lengths"], CAPACITY)
+
+
+# --- the real model (slow) --------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["random", "trained"])
+def test_real_model_f32_greedy_identical(smollm2_ckpt, which):
+    """SmolLM2-135M in float32, a ragged batch of ~300 / ~500-token stdlib prompts, 32 new tokens, the default
+    tree (4, 16, 16, 16, 16): token-identical to plain greedy decoding."""
+    import checkpoints
+    from transformers import AutoTokenizer
+
+    from jspec import data
+
+    if which == "trained" and not os.path.isfile(os.path.join(DRAFTER_DIR, "config.json")):
+        pytest.skip(f"no trained drafter at {DRAFTER_DIR}")
+    params, cfg = checkpoints.load(smollm2_ckpt)
+    cfg = dataclasses.replace(cfg, dtype="float32")
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+    if which == "trained":
+        d = load_drafter(DRAFTER_DIR, dtype="float32")
+        drafter, window = d.params, d.window
+    else:
+        drafter, window = init_drafter_params(cfg, jax.random.key(0), target_params=params), 512
+    tok = AutoTokenizer.from_pretrained(os.path.join(smollm2_ckpt, "tokenizer"))
+    prompts = [data.long_prompts(tok, 300, 1, sources=("inspect",))[0],
+               data.long_prompts(tok, 500, 1, sources=("typing",))[0]]
+    tokens, lengths = gen.pad_prompts(prompts, multiple=512)
+    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+    new, capacity = 32, 640
+    cache = kv_cache.init(cfg, batch=2, capacity=capacity)
+    logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
+    ref = np.asarray(gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=new)[0])
+    spec = SpecConfig("longspec", window=window)
+    state = speculative.init(params, cfg, spec, tokens, lengths, capacity, drafter=drafter)
+    out, n_out, st, _ = speculative.run_donating(params, cfg, spec, GREEDY, state, jax.random.key(0), new,
+                                                 drafter=drafter)
+    np.testing.assert_array_equal(np.asarray(out), ref)
+    print(f"{which} drafter: tau {st.tau():.2f}, accepted-length histogram {np.asarray(st.accept_hist).sum(0)}")
+    if which == "trained":
+        assert st.tau() > 1.5          # a trained drafter on real text: catches a broken inference path
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas-interpret"])
+def test_cross_attention_folds_nodes_into_heads(impl):
+    """The drafter's cross-attention through `attention.full` (T nodes folded into the head axis, kv_len =
+    lengths) equals its own masked attention over the target's last layer, on the XLA path and the kernel."""
+    from jspec.attention import AttnImpl
+    from jspec.drafter import attend
+    from jspec.speculative import longspec
+
+    cfg = tiny(n_layers=3, head_dim=64)          # a head size the kernels support
+    B, S, T = 2, 40, 5
+    ks = jax.random.split(jax.random.key(0), 3)
+    k = jax.random.normal(ks[0], (cfg.n_layers, B, S, cfg.n_kv_heads, cfg.head_dim))
+    v = jax.random.normal(ks[1], (cfg.n_layers, B, S, cfg.n_kv_heads, cfg.head_dim))
+    q = jax.random.normal(ks[2], (B, T, cfg.n_heads, cfg.head_dim))
+    lengths = jnp.array([17, 33], jnp.int32)
+    cache = kv_cache.KVCache(k=k, v=v.at[:, :, 35:].set(1e4), lengths=lengths)   # junk past the lengths
+    a = AttnImpl(backend="xla") if impl == "xla" else AttnImpl(backend="pallas", interpret=True)
+    got = jax.jit(lambda q, c: longspec.cross_attention(cfg, c, a)(q))(q, cache)
+    vis = jnp.arange(S)[None, None, :] < lengths[:, None, None]
+    want = attend(q, k[-1], v[-1], vis)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
