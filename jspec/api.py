@@ -15,7 +15,7 @@ from jspec import speculative  # the self-speculative methods; also makes `jspec
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 
-METHODS = ("ar", "streaming", "quest", "vegas")
+METHODS = ("ar", "streaming", "quest", "vegas", "longspec")
 
 
 @dataclasses.dataclass
@@ -105,7 +105,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
              capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
              config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
-             **spec_knobs) -> Output:
+             drafter=None, **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
@@ -113,6 +113,9 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     `jspec.speculative.SpecConfig` knobs (sink, page_size, min_tokens, max_tokens, score_mode, collect) as
     keywords. config: a tuned speculative config -- the JSON `jspec tune` writes (a path or its dict) or a
     SpecConfig -- whose method and knobs become the defaults; the keywords given here override them.
+    "longspec" drafts with a trained drafter block: `drafter` is a `jspec.drafter.Drafter` or its directory,
+    default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
+    tree_widths (default (4, 16, 16, 16, 16)), gamma (chain length).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
@@ -138,7 +141,12 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     stops = () if ignore_eos else model.stop_tokens
     impl = attn_impl(model, impl)
     if spec is not None:
-        return _generate_spec(model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl)
+        kw = {}
+        if spec.method == "longspec":
+            d = load_drafter_for(model, drafter)
+            spec = dataclasses.replace(spec, window=d.window)
+            kw = dict(drafter=d.params)
+        return _generate_spec(model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl, kw)
     cache = new_cache(model, batch=B, capacity=capacity)
 
     t0 = time.perf_counter()
@@ -187,6 +195,42 @@ def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[
         raise _gen.InputError(f"bad speculative option: {e}") from None
 
 
+def bundled_drafter_dir(model: Model) -> str:
+    """Where a drafter for `model` ships with jspec: checkpoints/drafters/<model directory name>."""
+    import os
+
+    import checkpoints
+    name = os.path.basename(str(model.path).rstrip("/"))
+    return os.path.join(os.path.dirname(os.path.abspath(checkpoints.__file__)), "drafters", name)
+
+
+def load_drafter_for(model: Model, drafter=None):
+    """The LongSpec drafter for `model`: a `jspec.drafter.Drafter`, a directory, or None for the bundled one.
+    Raises InputError when there is none, it cannot be read, or it was trained for other shapes."""
+    import os
+
+    from jspec.drafter import Drafter, load_drafter
+    if drafter is None:
+        drafter = bundled_drafter_dir(model)
+        if not os.path.isdir(drafter):
+            raise _gen.InputError(f"no bundled LongSpec drafter for {os.path.basename(str(model.path))!r} (looked in "
+                                  f"{drafter}); train one with `jspec train-drafter` and pass --drafter DIR")
+    if not isinstance(drafter, Drafter):
+        path = str(drafter)
+        if not os.path.isdir(path):
+            raise _gen.InputError(f"drafter directory {path!r} does not exist")
+        try:
+            drafter = load_drafter(path)
+        except Exception as e:   # a half-copied or foreign directory: say so, no traceback
+            raise _gen.InputError(f"cannot read the drafter at {path!r}: {type(e).__name__}: {e}"[:500]) from None
+    want, got = model.cfg, drafter.cfg
+    fields = ("d_model", "n_heads", "n_kv_heads", "head_dim", "vocab_size")
+    bad = [f"{f} {getattr(got, f)} != {getattr(want, f)}" for f in fields if getattr(got, f) != getattr(want, f)]
+    if bad:
+        raise _gen.InputError(f"the drafter was trained for another model ({', '.join(bad)})")
+    return drafter
+
+
 def attn_impl(model: Model, impl: AttnImpl = AttnImpl()) -> AttnImpl:
     """`impl` with the model's tensor-parallel mesh (the Pallas kernels then run per head shard)."""
     return impl if model.mesh is None else dataclasses.replace(impl, mesh=model.mesh)
@@ -200,22 +244,24 @@ def new_cache(model: Model, *, batch: int, capacity: int) -> kv_cache.KVCache:
     return sharding.init_cache(model.cfg, model.mesh, batch=batch, capacity=capacity)
 
 
-def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl) -> Output:
+def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl,
+                   kw) -> Output:
     B = len(lengths)
     t0 = time.perf_counter()
     if model.mesh is None:
         state = speculative.init(model.params, model.cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths),
-                                 capacity, impl=impl)
+                                 capacity, impl=impl, **kw)
     else:  # the same prefill into a cache created sharded (init would leave its layout to XLA)
         tokens, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
         logits, cache = _gen.prefill(model.params, model.cfg, tokens, lengths_j,
                                      new_cache(model, batch=B, capacity=capacity), impl=impl)
         last = jnp.take_along_axis(tokens, (lengths_j - 1)[:, None], axis=1)[:, 0]
-        state = speculative.prepare(model.params, model.cfg, spec, cache, logits, last, impl=impl)
+        extra = dict(kw, prompt_tokens=tokens) if kw else {}
+        state = speculative.prepare(model.params, model.cfg, spec, cache, logits, last, impl=impl, **extra)
     jax.block_until_ready(state)
     t1 = time.perf_counter()
     out, n_out, st, _ = speculative.run_donating(model.params, model.cfg, spec, samp, state, jax.random.key(seed),
-                                                 max_new_tokens, stop_tokens=stops, impl=impl)
+                                                 max_new_tokens, stop_tokens=stops, impl=impl, **kw)
     out, n_out = np.asarray(out), np.asarray(n_out)
     t2 = time.perf_counter()
     toks = [out[b, :n_out[b]].tolist() for b in range(B)]

@@ -27,7 +27,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                  prompt_tokens: int = 3000, batch: int = 1, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0, ignore_eos: bool = False,
                  as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
-                 sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None):
+                 sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None,
+                 mode=None, widths=None, drafter=None):
     import jspec
     from jspec import data
 
@@ -35,15 +36,19 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     # Checked before the model loads, so a bad flag or config file fails at once.
     knobs = {k: v for k, v in dict(gamma=gamma, budget=budget, ratio=ratio, sink=sink, page_size=page_size,
                                    min_tokens=min_tokens, max_tokens=max_tokens, score_mode=score_mode,
-                                   collect=collect).items() if v is not None}
+                                   collect=collect, mode=mode,
+                                   tree_widths=_widths(widths) if widths else None).items() if v is not None}
     try:
         spec = jspec.api.spec_config(method, config, **knobs)
     except jspec.InputError as e:
         if "only apply to speculative" in str(e):   # name the flag, not the keyword
             bad = sorted(set(knobs) - {"gamma", "budget", "ratio"})[0]
-            raise jspec.InputError(f"--{bad.replace('_', '-')} only applies to speculative methods") from None
+            flag = "widths" if bad == "tree_widths" else bad
+            raise jspec.InputError(f"--{flag.replace('_', '-')} only applies to speculative methods") from None
         raise
     method = "ar" if spec is None else spec.method
+    if drafter is not None and method != "longspec":
+        raise jspec.InputError("--drafter only applies to --method longspec")
 
     m = jspec.load(model) if devices == 1 else jspec.load(model, devices=devices)
     if prompt is not None or prompt_file is not None:
@@ -52,7 +57,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     else:  # default: real long documents from the running Python's standard library
         prompts = data.long_prompts(m.tokenizer, prompt_tokens, count=batch)
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=spec)
+                         top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=spec,
+                         drafter=drafter)
     s = out.stats
     if as_json:
         print(json.dumps({"texts": out.texts, "tokens": out.tokens, "stats": vars(s)}))
@@ -64,6 +70,13 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
               f"(includes compilation on first use), {s.tokens_per_s:.1f} tokens/s, tau {s.tau:.2f}"
               + (f", accepted-length histogram {s.accept_hist}" if s.accept_hist else ""))
     return out
+
+
+def _widths(text: str) -> tuple:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"error: --widths {text!r} must be comma-separated integers, e.g. 4,16,16,16,16") from None
 
 
 def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: int = 2048, batch: int = 1,
@@ -118,7 +131,7 @@ def main(argv=None):
 
     g = sub.add_parser("generate", help="generate text (default: a long stdlib document, greedy)")
     g.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    g.add_argument("--method", default=None, help="ar | streaming | quest | vegas (default: --config's, else ar)")
+    g.add_argument("--method", default=None, help="ar | streaming | quest | vegas | longspec (default: --config's, else ar)")
     g.add_argument("--config", metavar="FILE", default=None,
                    help="speculative config JSON (e.g. from `jspec tune`): its method and knobs are the defaults, "
                         "flags given here override them")
@@ -135,6 +148,10 @@ def main(argv=None):
     g.add_argument("--score-mode", choices=["weights", "logits"], default=None, help="vegas ranking")
     g.add_argument("--collect", choices=["c2q", "all"], default=None,
                    help="vegas: Collect-2-Query rows (c2q) or all gamma+1 verified rows")
+    g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
+    g.add_argument("--widths", default=None, help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (the default)")
+    g.add_argument("--drafter", default=None, metavar="DIR",
+                   help="longspec: drafter directory (default: the bundled checkpoints/drafters/<model>)")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt")
     src.add_argument("--prompt-file")

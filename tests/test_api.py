@@ -73,3 +73,33 @@ def test_cli_generate_json(smollm2_ckpt, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(out["tokens"][0]) == 5 or out["tokens"][0][-1] in (2,)
     assert out["stats"]["method"] == "ar"
+
+
+def test_generate_longspec_with_the_bundled_drafter(smollm2_ckpt):
+    """`generate(method="longspec")` finds the committed drafter and, in float32, emits plain greedy's tokens."""
+    m = jspec.load(smollm2_ckpt, dtype="float32")
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
+    ar = jspec.generate(m, prompt, max_new_tokens=24, ignore_eos=True)
+    ls = jspec.generate(m, prompt, method="longspec", max_new_tokens=24, ignore_eos=True,
+                        tree_widths=(2, 4, 4))
+    assert ls.tokens == ar.tokens
+    assert ls.stats.method == "longspec" and 1.0 <= ls.stats.tau <= 4.0
+    assert ls.stats.knobs["tree_widths"] == (2, 4, 4) or list(ls.stats.knobs["tree_widths"]) == [2, 4, 4]
+
+
+def test_longspec_drafter_errors(smol, tmp_path, capsys):
+    import dataclasses
+
+    from jspec.drafter import Drafter
+    with pytest.raises(jspec.InputError, match="does not exist"):
+        jspec.generate(smol, "hi", method="longspec", drafter=str(tmp_path / "none"), max_new_tokens=4)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config.json").write_text("{not json")
+    with pytest.raises(jspec.InputError, match="cannot read the drafter"):
+        jspec.generate(smol, "hi", method="longspec", drafter=str(tmp_path / "junk"), max_new_tokens=4)
+    other = Drafter(params={}, cfg=dataclasses.replace(smol.cfg, d_model=64), window=512, meta={})
+    with pytest.raises(jspec.InputError, match="another model"):
+        jspec.generate(smol, "hi", method="longspec", drafter=other, max_new_tokens=4)
+    rc = cli.main(["generate", "--model", str(tmp_path / "missing"), "--prompt", "hi", "--drafter", "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--drafter only applies" in err and "Traceback" not in err
