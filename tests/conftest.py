@@ -56,3 +56,15 @@ def tiny_model():
         return random_params(cfg, seed), cfg
 
     return make
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop each test module's compiled programs when it ends, so one process running many modules does not
+    accumulate every executable of the suite."""
+    yield
+    import gc
+
+    import jax
+    jax.clear_caches()
+    gc.collect()
