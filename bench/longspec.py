@@ -39,15 +39,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import base_record, peak_memory_bytes, write_json  # noqa: E402
 import jspec  # noqa: E402
-from jspec import data, decoding as gen, kv_cache  # noqa: E402
+from jspec import decoding as gen, kv_cache  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
 from jspec.config import SamplingConfig  # noqa: E402
 from jspec.drafter import init_drafter_params, load_drafter  # noqa: E402
 from jspec.speculative import SpecConfig, engine  # noqa: E402
+# Prompts exactly as bench/spec.py builds them; its CODE_MODULES and the corpus's Emma / Sense and
+# Sensibility are held out from the drafter's training text (bench/drafter_h200.sh).
+from bench.spec import _CachedTokenizer, _shape, make_prompts, prompt_sources  # noqa: E402
 
-# Held out from the drafter's training text (bench/drafter_h200.sh): these stdlib modules and the corpus's
-# Emma / Sense and Sensibility.
-CODE_MODULES = data.DEFAULT_STDLIB_MODULES + ("collections/__init__", "functools", "pathlib", "subprocess")
 DEFAULT_DRAFTER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "checkpoints", "drafters", "smollm2-135m")
 SWEEP_WIDTHS = "1,1,1,1,1;2,4,4,4;4,8,8,8,8;4,16,16,16,16;8,32,32,32"
@@ -55,52 +55,6 @@ SWEEP_WIDTHS = "1,1,1,1,1;2,4,4,4;4,8,8,8,8;4,16,16,16,16;8,32,32,32"
 
 def _ints(s):
     return tuple(int(x) for x in s.split(",") if x)
-
-
-def _shape(s):
-    L, B = s.lower().split("x")
-    return int(L), int(B)
-
-
-class _Tokens:
-    """Encode each source text once (long_prompts re-encodes on every call)."""
-
-    def __init__(self, tok):
-        self.tok, self.memo = tok, {}
-
-    def encode(self, text, add_special_tokens=False):
-        if text not in self.memo:
-            self.memo[text] = self.tok.encode(text, add_special_tokens=add_special_tokens)
-        return self.memo[text]
-
-
-def _prompt_sources(corpus):
-    code = []
-    for mod in CODE_MODULES:
-        try:
-            code.append(data.stdlib_text(mod))
-        except FileNotFoundError:
-            pass
-    prose = None
-    if corpus and os.path.isdir(corpus):
-        try:
-            prose = [t[:400_000] for t in data.read_dir(corpus, exts=(".txt",))]
-        except FileNotFoundError:
-            prose = None
-    return code, prose
-
-
-def make_prompts(tok, L, B, code, prose):
-    """[B, L] int32; rows alternate code / prose when prose exists (B = 1: code)."""
-    n_prose = B // 2 if prose else 0
-    code_rows = data.long_prompts(tok, L, B - n_prose, texts=code)
-    prose_rows = data.long_prompts(tok, L, n_prose, texts=prose) if n_prose else []
-    rows, sources = [], []
-    for i in range(B):
-        src = "prose" if i % 2 and len(prose_rows) > i // 2 else "code"
-        rows.append(prose_rows[i // 2] if src == "prose" else code_rows.pop(0))
-        sources.append(src)
-    return np.asarray(rows, np.int32), sources
 
 
 def _label(spec):
@@ -155,8 +109,8 @@ def main():
         print(f"no drafter at {a.drafter}: using a RANDOM drafter (tau ~1, timing only)", flush=True)
         dparams = init_drafter_params(cfg, jax.random.key(0), target_params=params, dtype=jnp.dtype(cfg.dtype))
         window, drafter_name = 512, "random"
-    tok = _Tokens(m.tokenizer)
-    code, prose = _prompt_sources(a.corpus)
+    tok = _CachedTokenizer(m.tokenizer)
+    code, prose = prompt_sources(a.corpus)
     print(f"prompt sources: code ({len(code)} held-out stdlib modules)" +
           (f" + prose ({len(prose)} files from {a.corpus})" if prose else " only (no prose corpus)"), flush=True)
 

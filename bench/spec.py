@@ -67,6 +67,24 @@ def _shape(s):
     return int(L), int(B)
 
 
+def prompt_sources(corpus):
+    """(code texts, prose texts or None): the CODE_MODULES present, and the *.txt files under `corpus` (each cut
+    to 400K characters to bound tokenizing time) when that folder exists."""
+    code = []
+    for mod in CODE_MODULES:
+        try:
+            code.append(data.stdlib_text(mod))
+        except FileNotFoundError:
+            pass
+    prose = None
+    if corpus and os.path.isdir(corpus):
+        try:
+            prose = [t[:400_000] for t in data.read_dir(corpus, exts=(".txt",))]
+        except FileNotFoundError:
+            prose = None
+    return code, prose
+
+
 def make_prompts(tok, L, B, code, prose):
     """[B, L] int32; rows alternate code / prose when a prose source exists (B = 1: code)."""
     n_prose = B // 2 if prose else 0
@@ -161,13 +179,7 @@ def main():
     cfg, params = m.cfg, m.params
     impl = api.attn_impl(m, impl)   # with a mesh the Pallas kernels run per head shard
     tok = _CachedTokenizer(m.tokenizer)
-    code = [data.stdlib_text(x) for x in CODE_MODULES if _stdlib_exists(x)]
-    prose = None
-    if os.path.isdir(a.corpus):
-        try:
-            prose = [t[:400_000] for t in data.read_dir(a.corpus, exts=(".txt",))]   # bounded tokenizing time
-        except FileNotFoundError:
-            prose = None
+    code, prose = prompt_sources(a.corpus)
     print(f"prompt sources: code ({len(code)} stdlib modules)" + (f" + prose ({len(prose)} files)" if prose else
                                                                     " only (no prose corpus)"), flush=True)
 
@@ -408,14 +420,6 @@ def _label(spec):
     """method plus the non-default vegas knobs: vegas+all (all gamma+1 rows), vegas+logits."""
     extra = ("+all" if spec.collect == "all" else "") + ("+logits" if spec.score_mode == "logits" else "")
     return spec.method + extra
-
-
-def _stdlib_exists(mod):
-    try:
-        data.stdlib_text(mod)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _find(records, method, L, B, group="grid", **kw):

@@ -18,8 +18,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.spec import CODE_MODULES, _CachedTokenizer, _stdlib_exists, make_prompts  # noqa: E402
-from jspec import data  # noqa: E402
+from bench.spec import _CachedTokenizer, make_prompts, prompt_sources  # noqa: E402
 
 
 def main():
@@ -35,10 +34,7 @@ def main():
     shapes = sorted({(r["L"], r["B"]) for r in doc["records"] if "tokens_per_s" in r and "L" in r})
     m = jspec.load(a.model, dtype="float32")
     tok = _CachedTokenizer(m.tokenizer)
-    code = [data.stdlib_text(x) for x in CODE_MODULES if _stdlib_exists(x)]
-    prose = None
-    if os.path.isdir(a.corpus):
-        prose = [t[:400_000] for t in data.read_dir(a.corpus, exts=(".txt",))]
+    code, prose = prompt_sources(a.corpus)
     path = "/tmp/jspec_spec_prompts.npz"
     np.savez(path, **{f"{L}_{B}": make_prompts(tok, L, B, code, prose)[0] for L, B in shapes})
     out = "/tmp/jspec_spec_hf.json"

@@ -68,3 +68,14 @@ def _release_compiled_programs():
     import jax
     jax.clear_caches()
     gc.collect()
+
+
+class CharTokenizer:
+    """A tokenizer for tiny models: characters -> ids 4..93 (enough for data.long_prompts on stdlib text)."""
+    eos_token_id = None
+
+    def encode(self, text, add_special_tokens=False):
+        return [4 + ord(c) % 90 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))

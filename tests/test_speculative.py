@@ -19,6 +19,7 @@ import pytest
 from scipy import stats
 
 import jspec
+from conftest import CharTokenizer
 from jspec import decoding as gen
 from jspec import kv_cache, model, sampling, speculative
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
@@ -174,19 +175,9 @@ def test_prepare_reuses_a_prefilled_and_decoded_cache():
     assert [np.asarray(out)[b, :int(n_out[b])].tolist() for b in range(3)] == ref
 
 
-class _Tok:
-    eos_token_id = None
-
-    def encode(self, text, add_special_tokens=False):
-        return [4 + ord(c) % 90 for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-
 def test_generate_api_fills_speculative_stats_and_rejects_bad_requests():
     cfg, params, _, _, _, _ = setup("qwen3")
-    m = jspec.Model(params=params, cfg=cfg, tokenizer=_Tok(), path="")
+    m = jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="")
     prompts = [[5, 6, 7, 8, 9], list(range(10, 40))]
     ar = jspec.generate(m, prompts, method="ar", max_new_tokens=12)
     out = jspec.generate(m, prompts, method="vegas", max_new_tokens=12, gamma=2, budget=8, min_tokens=8)
@@ -210,7 +201,8 @@ def test_generate_api_fills_speculative_stats_and_rejects_bad_requests():
 def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     from jspec import cli
     cfg, params, _, _, _, _ = setup("qwen3")
-    monkeypatch.setattr(jspec, "load", lambda name: jspec.Model(params=params, cfg=cfg, tokenizer=_Tok(), path=""))
+    monkeypatch.setattr(jspec, "load",
+                        lambda name: jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path=""))
     argv = ["generate", "--prompt", "speculate!", "--batch", "2", "--max-new-tokens", "12", "--json"]
     assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8"]) == 0
     import json

@@ -17,6 +17,7 @@ import jax
 import pytest
 
 import jspec
+from conftest import CharTokenizer
 from jspec import cli, model
 from jspec.config import ModelConfig
 from jspec.speculative import SpecConfig
@@ -116,22 +117,11 @@ def test_search_default_gamma0_and_bad_grids():
 
 # ----------------------------------------------------------------------------------- tune on a tiny model
 
-class _Tok:
-    """Characters -> ids 4..93 (enough for data.long_prompts on stdlib text)."""
-    eos_token_id = None
-
-    def encode(self, text, add_special_tokens=False):
-        return [4 + ord(c) % 90 for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-
 def tiny_model():
     cfg = ModelConfig(arch="llama", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                       ffn_dim=96, rope_theta=10000.0, dtype="float32", max_position=256, eos_token_ids=())
     params = model.init_params(cfg, jax.random.key(1), scale=0.3)
-    return jspec.Model(params=params, cfg=cfg, tokenizer=_Tok(), path="tiny")
+    return jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="tiny")
 
 
 TUNE_ARGS = dict(prompt_tokens=40, batch=2, max_new_tokens=6, ratios=[0.1, 0.5], gammas=[1, 2], reps=1)
