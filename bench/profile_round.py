@@ -1,0 +1,162 @@
+"""Where a speculative round's GPU time goes: per-piece wall time and per-kernel device time from a profile.
+
+    PYTHONPATH=. python bench/profile_round.py --out $OUT/profile_round.json [--shape 8000x64] [--no-trace]
+
+At one (L, B) shape, jits the pieces of one round exactly as bench/spec.py's time split does (the gamma
+sparse draft steps, the full-attention verification + acceptance, the per-round selection) for each method,
+plus one plain one-token decode step (ar). Each piece: median wall time of --reps calls, then (unless
+--no-trace) a jax.profiler trace of --trace-calls calls whose Perfetto JSON is summed per kernel name:
+kernels per call, device-busy time per call (the sum of kernel durations; wall - busy ~ launch gaps), and the
+top kernels by time. Run it twice with different XLA_FLAGS to compare compiler settings on the same pieces.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import base_record, write_json  # noqa: E402
+from bench.spec import GREEDY, _CachedTokenizer, _median_time, _pieces, _shape, make_prompts, prompt_sources  # noqa: E402
+import jspec  # noqa: E402
+from jspec import api, decoding as gen, kv_cache, model  # noqa: E402
+from jspec.attention import AttnImpl  # noqa: E402
+from jspec.speculative import SpecConfig, engine  # noqa: E402
+
+
+def kernel_table(trace_dir, n_calls):
+    """{name: [total_us, count]} of device-side events in the newest Perfetto trace under trace_dir."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)) or \
+        sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True))
+    if not files:
+        return None
+    with gzip.open(files[-1], "rt") as f:
+        tr = json.load(f)
+    events = tr["traceEvents"] if isinstance(tr, dict) else tr
+    pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    dev = {p for p, n in pname.items() if "GPU" in n.upper() and "HOST" not in n.upper()}
+    tab = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in dev:
+            t = tab[e["name"]]
+            t[0] += float(e.get("dur", 0.0))
+            t[1] += 1
+    return {k: [v[0] / n_calls, v[1] / n_calls] for k, v in tab.items()}, sorted(set(pname.values()))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--impl", default="pallas", choices=["xla", "pallas", "auto"])
+    ap.add_argument("--shape", default="8000x64")
+    ap.add_argument("--methods", default="vegas,streaming")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--trace-calls", type=int, default=3)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--tag", default="", help="a label for this run (e.g. the XLA_FLAGS variant)")
+    ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
+    a = ap.parse_args()
+    L, B = _shape(a.shape)
+    impl = {"xla": AttnImpl(backend="xla"), "pallas": AttnImpl(backend="pallas"), "auto": AttnImpl()}[a.impl]
+    m = jspec.load(a.model)
+    cfg, params = m.cfg, m.params
+    tok = _CachedTokenizer(m.tokenizer)
+    code, prose = prompt_sources(a.corpus)
+    prompts, _ = make_prompts(tok, L, B, code, prose)
+    tokens = jnp.asarray(prompts)
+    lens = jnp.full((B,), L, jnp.int32)
+    last = tokens[:, -1]
+    cap = int(-(-(L + 64) // 128) * 128)
+    cache = api.new_cache(m, batch=B, capacity=cap)
+    logits, cache = jax.jit(gen.prefill, static_argnames=("cfg", "impl"), donate_argnames=("cache",))(
+        params, cfg, tokens, lens, cache, impl=impl)
+    key = jax.random.key(0)
+
+    def ar_step(params, cache, tok):
+        lg, c, _ = model.forward(params, cfg, tok[:, None], cache, impl=impl)
+        return lg[:, 0].argmax(-1), kv_cache.rollback(c, cache.lengths)
+
+    pieces = {}
+    c_ar = jax.jit(ar_step, donate_argnums=1)
+    fresh = jax.jit(lambda c: jax.tree.map(jnp.copy, c))   # each piece family owns a copy of the prefilled cache
+    box = {"cache": fresh(cache)}
+
+    def run_ar():
+        t, box["cache"] = c_ar(params, box["cache"], last)
+        return t
+
+    pieces["ar_step"] = run_ar
+    states = {}
+    for name in a.methods.split(","):
+        spec = SpecConfig(name, gamma=a.gamma, budget=a.budget)
+        draft, verify, select = _pieces(cfg, spec, impl)
+        st = {"state": engine.prepare(params, cfg, spec, fresh(cache), logits, last, impl=impl)}
+        states[name] = st
+        c_d, c_v, c_s = jax.jit(draft, donate_argnums=1), jax.jit(verify, donate_argnums=1), jax.jit(select)
+        q = jax.random.normal(jax.random.key(1), (cfg.n_layers, B, cfg.n_heads, cfg.head_dim))
+
+        def run_d(st=st, c_d=c_d):
+            d, st["state"] = c_d(params, st["state"], last, key)
+            st["drafts"] = d
+            return d
+
+        def run_v(st=st, c_v=c_v):
+            n, _, sc, st["state"] = c_v(params, st["state"], last, st["drafts"], key)
+            st["scores"] = sc
+            return n
+
+        def run_s(st=st, c_s=c_s, q=q):
+            return c_s(st["state"], st["scores"], q)
+
+        pieces[f"{name}_draft"], pieces[f"{name}_verify"], pieces[f"{name}_select"] = run_d, run_v, run_s
+        run_d(), run_v()   # fill drafts/scores (and compile)
+    del cache
+
+    records = []
+    trace_root = tempfile.mkdtemp(prefix="jspec-trace-")
+    for name, fn in pieces.items():
+        for _ in range(2):
+            jax.block_until_ready(fn())
+        wall = _median_time(fn, a.reps)
+        rec = base_record(kind="piece", piece=name, L=L, B=B, gamma=a.gamma, budget=a.budget, tag=a.tag,
+                          xla_flags=os.environ.get("XLA_FLAGS", ""), wall_ms=round(1e3 * wall, 3))
+        if not a.no_trace:
+            d = os.path.join(trace_root, name)
+            jax.profiler.start_trace(d, create_perfetto_trace=True)
+            for _ in range(a.trace_calls):
+                jax.block_until_ready(fn())
+            jax.profiler.stop_trace()
+            got = kernel_table(d, a.trace_calls)
+            if got:
+                tab, devs = got
+                busy = sum(v[0] for v in tab.values())
+                top = sorted(tab.items(), key=lambda kv: -kv[1][0])[:a.top]
+                rec.update(device_busy_ms=round(busy / 1e3, 3), kernels_per_call=round(sum(v[1] for v in tab.values()), 1),
+                           trace_processes=devs,
+                           top_kernels=[{"name": k[:120], "us_per_call": round(v[0], 1), "count_per_call": round(v[1], 1)}
+                                        for k, v in top])
+        records.append(rec)
+        print(json.dumps({k: rec.get(k) for k in ("piece", "wall_ms", "device_busy_ms", "kernels_per_call")}),
+              flush=True)
+        for t in rec.get("top_kernels", [])[:8]:
+            print(f"    {t['us_per_call']:9.1f} us  x{t['count_per_call']:<6} {t['name']}", flush=True)
+    write_json(a.out, records, {"shape": a.shape, "tag": a.tag, "xla_flags": os.environ.get("XLA_FLAGS", "")})
+
+
+if __name__ == "__main__":
+    main()
