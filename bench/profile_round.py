@@ -68,6 +68,9 @@ def main():
     ap.add_argument("--trace-calls", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--loops", type=int, default=0,
+                    help="also time whole generation loops of this many new tokens (ar and each method): the "
+                         "while_loop overhead that per-piece timings leave out")
     ap.add_argument("--tag", default="", help="a label for this run (e.g. the XLA_FLAGS variant)")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     a = ap.parse_args()
@@ -125,17 +128,60 @@ def main():
 
         pieces[f"{name}_draft"], pieces[f"{name}_verify"], pieces[f"{name}_select"] = run_d, run_v, run_s
         run_d(), run_v()   # fill drafts/scores (and compile)
+    loop_boxes = {}
+    timers = {}   # pieces that need an untimed set-up per call: name -> (setup, run)
+    if a.loops:
+        c_dec = jax.jit(gen.decode, static_argnames=("cfg", "samp", "max_new_tokens", "stop_tokens", "impl"),
+                        donate_argnames=("cache",))
+        lbox = {"cache": fresh(cache)}
+
+        def ar_loop():
+            out, _, c = c_dec(params, cfg, GREEDY, lbox["cache"], logits, key, max_new_tokens=a.loops, impl=impl)
+            lbox["cache"] = kv_cache.rollback(c, lens)
+            return out
+
+        pieces["ar_loop"] = ar_loop
+        for name in a.methods.split(","):
+            spec = SpecConfig(name, gamma=a.gamma, budget=a.budget)
+            mbox = {"cache": fresh(cache)}
+
+            def setup(spec=spec, mbox=mbox):
+                mbox["state"] = engine.prepare(params, cfg, spec, mbox["cache"], logits, last, impl=impl)
+                jax.block_until_ready(mbox["state"])
+
+            def run(spec=spec, mbox=mbox):
+                out, _, st, final = engine.run_donating(params, cfg, spec, GREEDY, mbox["state"], key, a.loops,
+                                                        impl=impl)
+                mbox["cache"] = kv_cache.rollback(final.cache, lens)
+                mbox["stats"] = st
+                return out
+
+            timers[f"{name}_loop"] = (setup, run)
+            loop_boxes[f"{name}_loop"] = mbox
+            pieces[f"{name}_loop"] = run
     del cache
+
+    def median_wall(name, fn, n):
+        if name not in timers:
+            return _median_time(fn, n)
+        setup, run = timers[name]
+        ts = []
+        for _ in range(n):
+            setup()
+            t = time.perf_counter()
+            jax.block_until_ready(run())
+            ts.append(time.perf_counter() - t)
+        return float(np.median(ts))
 
     records = []
     trace_root = tempfile.mkdtemp(prefix="jspec-trace-")
     for name, fn in pieces.items():
         for _ in range(2):
-            jax.block_until_ready(fn())
-        wall = _median_time(fn, a.reps)
+            median_wall(name, fn, 1)
+        wall = median_wall(name, fn, a.reps)
         rec = base_record(kind="piece", piece=name, L=L, B=B, gamma=a.gamma, budget=a.budget, tag=a.tag,
                           xla_flags=os.environ.get("XLA_FLAGS", ""), wall_ms=round(1e3 * wall, 3))
-        if not a.no_trace:
+        if not a.no_trace and not name.endswith("_loop"):   # loops: wall time only
             d = os.path.join(trace_root, name)
             jax.profiler.start_trace(d, create_perfetto_trace=True)
             for _ in range(a.trace_calls):
@@ -150,8 +196,13 @@ def main():
                            trace_processes=devs,
                            top_kernels=[{"name": k[:120], "us_per_call": round(v[0], 1), "count_per_call": round(v[1], 1)}
                                         for k, v in top])
+        if name in loop_boxes:
+            rec.update(new_tokens=a.loops, tau=round(loop_boxes[name]["stats"].tau(), 3))
+        if name.endswith("_loop"):
+            rec["tokens_per_s"] = round(B * (a.loops - 1) / wall, 1)
         records.append(rec)
-        print(json.dumps({k: rec.get(k) for k in ("piece", "wall_ms", "device_busy_ms", "kernels_per_call")}),
+        print(json.dumps({k: rec.get(k) for k in ("piece", "wall_ms", "device_busy_ms", "kernels_per_call", "tau",
+                                                  "tokens_per_s")}),
               flush=True)
         for t in rec.get("top_kernels", [])[:8]:
             print(f"    {t['us_per_call']:9.1f} us  x{t['count_per_call']:<6} {t['name']}", flush=True)
