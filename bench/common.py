@@ -41,7 +41,8 @@ def timed(fn, *args, **kw):
 
 
 def base_record(**kw) -> dict:
-    return {"device": device_name(), "jax": jax.__version__, "commit": commit(), **kw}
+    return {"device": device_name(), "jax": jax.__version__, "commit": commit(),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), **kw}
 
 
 def write_json(path: str, records: list, summary: dict, **extra):

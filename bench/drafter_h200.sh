@@ -32,8 +32,10 @@ case "$mode" in
   main) python3 bench/train_drafter.py --data "$data" --out "$OUT/drafter_smollm2" --budget-s "${BUDGET_S:-450}" \
           --steps "${STEPS:-0}" --overwrite
         rm -rf "$OUT/drafter_smollm2/ckpt" && tar -C "$OUT/drafter_smollm2" -cf "$OUT/drafter_smollm2/drafter.tar" drafter ;;
-  ablation) python3 bench/drafter_ablation.py --data "$data" --out "$OUT/ablation" --steps "${STEPS:-150}"
-            for d in "$OUT"/ablation/*/; do rm -rf "$d/ckpt"; tar -C "$d" -cf "$d/drafter.tar" drafter; done
-            rm -rf "$OUT/ablation/_tokens" ;;
+  ablation) python3 bench/drafter_ablation.py --data "$data" --out "$OUT/ablation" --steps "${STEPS:-150}" \
+              --arms "${ARMS:-full,no_anchor_offset,no_noisy_xattn}"
+            # one file back ($OUT returns at most 8): every arm's drafter (bf16), loss log and the summary
+            rm -rf "$OUT"/ablation/_tokens "$OUT"/ablation/*/ckpt
+            tar -C "$OUT" -cf "$OUT/ablation.tar" ablation && rm -rf "$OUT/ablation" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

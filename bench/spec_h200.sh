@@ -8,5 +8,5 @@ mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/c
 set -o pipefail
 timeout "${SPEC_TIMEOUT:-420}" python3 bench/spec.py --out "$OUT/spec_h200.json" --impl pallas \
   --budget-s "${BUDGET_S:-330}" ${SPEC_ARGS:-} 2>&1 | tee "$OUT/spec_log.txt"
-JAX_PLATFORMS=cpu timeout "${HF_TIMEOUT:-150}" python3 bench/spec_hf.py --spec "$OUT/spec_h200.json" 2>&1 \
-  | grep -v Warning | tail -15
+JAX_PLATFORMS=cpu timeout "${HF_TIMEOUT:-170}" python3 bench/spec_hf.py --spec "$OUT/spec_h200.json" \
+  --shapes "${HF_SHAPES:-8000x64,8000x16,8000x1,4096x16,2048x16}" 2>&1 | grep -v Warning | tail -15

@@ -27,11 +27,15 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     ap.add_argument("--new", type=int, default=64, help="new tokens per HF run (its tokens/s hardly depends on it)")
+    ap.add_argument("--shapes", default="", help="only these LxB shapes of the run, e.g. 8000x64,8000x16 (default all)")
     a = ap.parse_args()
     import jspec
 
     doc = json.load(open(a.spec))
     shapes = sorted({(r["L"], r["B"]) for r in doc["records"] if "tokens_per_s" in r and "L" in r})
+    if a.shapes:
+        want = {tuple(int(x) for x in s.lower().split("x")) for s in a.shapes.split(",")}
+        shapes = [s for s in shapes if s in want]
     m = jspec.load(a.model, dtype="float32")
     tok = _CachedTokenizer(m.tokenizer)
     code, prose = prompt_sources(a.corpus)

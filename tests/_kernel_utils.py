@@ -121,5 +121,7 @@ def lower_for_h200(fn, *args, **static) -> str:
     return lowered.as_text()
 
 
-def triton_calls(hlo_text: str) -> int:
-    return hlo_text.count("__gpu$xla.gpu.triton")
+def triton_calls(hlo_text: str, name: str | None = None) -> int:
+    """Triton custom calls in a lowered module (only those of kernel `name` when given)."""
+    lines = [ln for ln in hlo_text.splitlines() if "__gpu$xla.gpu.triton" in ln]
+    return sum(1 for ln in lines if name is None or f'name = "{name}"' in ln)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Issue 6 on the H200, one call: the noisy cross-attention ablation drafters (full recipe vs no noisy
+# cross-attention, equal steps; their tau is measured afterwards from the returned drafters with
+# bench/drafter_tau.py), then the LongSpec grid (bench/longspec.py, shapes dropped by priority to fit
+# LS_BUDGET). Run from the repo root after staging the model, carrying .carry/train and .carry/heldout:
+#   bash bench/longspec_h200.sh
+set -uo pipefail
+mkdir -p /root/jspec-cache/heldout && cp .carry/heldout/*.txt /root/jspec-cache/heldout/
+ARMS=full,no_noisy_xattn STEPS="${ABL_STEPS:-300}" timeout "${ABL_TIMEOUT:-200}" bash bench/drafter_h200.sh ablation \
+  2>&1 | grep -v Warning | tail -20
+timeout "${LS_TIMEOUT:-330}" python3 bench/longspec.py --out "$OUT/longspec_h200.json" --budget-s "${LS_BUDGET:-280}" \
+  ${LS_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/longspec_log.txt" | tail -60
