@@ -5,6 +5,8 @@
 # LS_BUDGET). Run from the repo root after staging the model, carrying .carry/train and .carry/heldout:
 #   bash bench/longspec_h200.sh
 set -uo pipefail
+# the compiler setting bench/spec_h200.sh picked on this machine, if it ran
+[ -f /root/jspec-xla-flags ] && export XLA_FLAGS="$(cat /root/jspec-xla-flags)" && echo "XLA_FLAGS=$XLA_FLAGS"
 mkdir -p /root/jspec-cache/heldout && cp .carry/heldout/*.txt /root/jspec-cache/heldout/
 ARMS=full,no_noisy_xattn STEPS="${ABL_STEPS:-300}" timeout "${ABL_TIMEOUT:-200}" bash bench/drafter_h200.sh ablation \
   2>&1 | grep -v Warning | tail -20

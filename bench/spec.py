@@ -19,8 +19,15 @@ sweep for vegas, and the vegas ablations (all gamma+1 rows instead of Collect-2-
 softmax weights). Time split at the split shape (default L=8000, B=64): the draft (gamma sparse steps),
 verification (+ acceptance) and selection pieces jitted separately on the same shapes, median of a few calls.
 
-Compile time counts: every program is lowered first and compiled in a thread pool (--jobs), then everything
-runs with the GPU to itself.
+Compile time dominates (~25 s per program on the H200), so with --impl pallas/auto programs are shared across
+prompt lengths: every L of one batch size B uses one cache capacity (the longest L's) and one prompt width
+(prompts right-padded, prefilled with their real lengths), so the prefill, ar, prepare, run and time-split
+programs exist once per B, not per (L, B). That is faithful because Pallas attention loops over the valid
+length only; vegas' top-k and quest's page scoring still scan the capacity (a small cost). --impl xla, whose
+attention reads the whole capacity, compiles per (L, B) instead. Records carry the cache capacity used. Every
+program is lowered first and compiled in a thread pool (--jobs), then everything runs with the GPU to itself;
+shapes come in priority order, and those that would need new programs are dropped when the projected compile
+time exceeds --budget-s.
 """
 from __future__ import annotations
 
@@ -168,6 +175,8 @@ def main():
     ap.add_argument("--plan-only", action="store_true", help="print the shapes and configs, then exit")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--devices", type=int, default=1, help="tensor parallelism over the first N devices")
+    # Share programs across L even with --impl xla (testing the sharing on CPU; its timings are distorted).
+    ap.add_argument("--share-lengths", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.quick:
         a.lengths, a.batches, a.new, a.gammas, a.budgets = "2048", "16,1", 64, "2,4", "256,512"
@@ -175,7 +184,8 @@ def main():
     t_start = time.perf_counter()
     impl = {"xla": AttnImpl(backend="xla"), "pallas": AttnImpl(backend="pallas"), "auto": AttnImpl()}[a.impl]
 
-    m = jspec.load(a.model, devices=a.devices)
+    # CPU matmuls in bf16 are emulated and slow: CPU smoke tests run in float32 (as bench/longspec.py).
+    m = jspec.load(a.model, dtype="float32" if jax.default_backend() == "cpu" else None, devices=a.devices)
     cfg, params = m.cfg, m.params
     impl = api.attn_impl(m, impl)   # with a mesh the Pallas kernels run per head shard
     tok = _CachedTokenizer(m.tokenizer)
@@ -190,6 +200,10 @@ def main():
     budgets = sorted({int(x) for x in a.budgets.split(",")} | {a.budget})
     sweep, split = _shape(a.sweep_shape), _shape(a.split_shape)
     g_max = max(gammas)
+
+    # Shared programs (see the module docstring): one capacity and prompt width per B, unless --impl xla.
+    share = a.share_lengths or a.impl != "xla"
+    pkey = (lambda L, B: (B,)) if share else (lambda L, B: (L, B))
 
     def spec_of(method, gamma=a.gamma, budget=a.budget, **kw):
         return SpecConfig(method, gamma=gamma, budget=budget, page_size=a.page_size, **kw)
@@ -211,6 +225,20 @@ def main():
             if spec not in seen:
                 seen.add(spec)
                 plan[s].append((group, spec))
+    wmax = {}   # B -> the longest L planned with it: the shared prompt width
+    for L, B in plan:
+        wmax[B] = max(wmax.get(B, 0), L)
+    width = (lambda L, B: wmax[B]) if share else (lambda L, B: L)
+
+    def programs(L, B, cfgs):
+        """Names of the compiled programs shape (L, B) runs (the same names for every L of a B under sharing)."""
+        k = pkey(L, B)
+        out = [("prefill", k)]
+        for group, spec in cfgs:
+            out += [("ar", k)] if spec is None else [("prepare", k, spec), ("run", k, spec)]
+            if spec is not None and (L, B) == split and group == "grid" and m.mesh is None:
+                out += [(p, spec) for p in ("draft", "verify", "select")]
+        return out
 
     # ---- lower everything (main thread, tracing), compile in a pool (XLA releases the GIL)
     key = jax.random.key(0)
@@ -224,9 +252,9 @@ def main():
         return out
 
     def submit(name, lower):
-        lowered = lower()
-        futures[name] = pool.submit(compile_timed, lowered)
-        names.append(name)
+        if name not in futures:   # shared with an earlier shape
+            futures[name] = pool.submit(compile_timed, lower())
+            names.append(name)
 
     def projected_end():
         """When the queued compiles should be done (mean compile time so far, 20 s before any is done)."""
@@ -234,16 +262,19 @@ def main():
         mean = float(np.mean(durations)) if durations else 20.0
         return time.perf_counter() - t_start + pending * mean / max(1, a.jobs)
 
-    n_programs = sum(2 + 2 * (len(c) - 1) for c in plan.values()) + 3 * len(methods)
-    print(f"plan: {len(plan)} shapes, {sum(len(c) for c in plan.values())} runs, ~{n_programs} programs", flush=True)
+    n_programs = len({n for s_, cfgs in plan.items() for n in programs(*s_, cfgs)})
+    print(f"plan: {len(plan)} shapes, {sum(len(c) for c in plan.values())} runs, {n_programs} programs"
+          + (" (shared across L per B)" if share else ""), flush=True)
     for s_, cfgs in plan.items():
-        print(f"  L={s_[0]} B={s_[1]}: " + ", ".join("ar" if c is None else f"{_label(c)}(g{c.gamma},b{c.budget})"
-                                                    for _, c in cfgs), flush=True)
+        print(f"  L={s_[0]} B={s_[1]}" + (f" (width {width(*s_)})" if share else "") + ": "
+              + ", ".join("ar" if c is None else f"{_label(c)}(g{c.gamma},b{c.budget})" for _, c in cfgs), flush=True)
     if a.plan_only:
         return
     skipped = []
     caps = {}
     for (L, B), cfgs in list(plan.items()):
+        if all(n in futures for n in programs(L, B, cfgs)):
+            continue   # every program already queued by an earlier L of this B: nothing to lower
         # Lowering is serial and the compiles queue behind it: stop adding shapes (they come in priority
         # order) once lowering plus the queued compiles would take ~55% of the wall-clock target.
         if projected_end() > 0.55 * a.budget_s and (L, B) not in (sweep, split):
@@ -251,30 +282,33 @@ def main():
             skipped.append(f"L{L}_B{B}")
             del plan[(L, B)]
             continue
-        cap = caps[(L, B)] = int(-(-(L + a.new + g_max + 1) // 128) * 128)
+        k = pkey(L, B)
+        cap = caps[k] = int(-(-(width(L, B) + a.new + g_max + 1) // 128) * 128)
         cache_sds = jax.eval_shape(lambda: kv_cache.init(cfg, batch=B, capacity=cap))
-        tok_sds = jax.ShapeDtypeStruct((B, L), jnp.int32)
+        tok_sds = jax.ShapeDtypeStruct((B, width(L, B)), jnp.int32)
         vec_sds = jax.ShapeDtypeStruct((B,), jnp.int32)
         logit_sds = jax.ShapeDtypeStruct((B, cfg.vocab_size), jnp.float32)
         if m.mesh is not None:   # the compiled programs take sharded inputs: give the avals their layouts
             cache_sds = _laid_out(cache_sds, sharding.cache_sharding(m.mesh))
             tok_sds, vec_sds = (_laid_out(x, NamedSharding(m.mesh, P())) for x in (tok_sds, vec_sds))
-        submit(("prefill", L, B), lambda: gen.prefill.lower(params, cfg, tok_sds, vec_sds, cache_sds, impl=impl))
+        submit(("prefill", k), lambda: gen.prefill.lower(params, cfg, tok_sds, vec_sds, cache_sds, impl=impl))
         if m.mesh is not None:   # later programs take the prefill's outputs as laid out by it
-            logit_sds, cache_sds = _laid_out(futures[("prefill", L, B)].result().out_info)
+            logit_sds, cache_sds = _laid_out(futures[("prefill", k)].result().out_info)
         for group, spec in cfgs:
             if spec is None:
-                submit(("ar", L, B), lambda: gen.decode.lower(params, cfg, GREEDY, cache_sds, logit_sds, key,
-                                                             max_new_tokens=a.new, stop_tokens=(), impl=impl))
+                submit(("ar", k), lambda: gen.decode.lower(params, cfg, GREEDY, cache_sds, logit_sds, key,
+                                                          max_new_tokens=a.new, stop_tokens=(), impl=impl))
                 continue
+            if ("run", k, spec) in futures and not ((L, B) == split and group == "grid"):
+                continue   # shared with an earlier L of this B (the sweep shape's grid configs, say)
             state_sds = jax.eval_shape(lambda p, c, lg, t: engine._prepare(p, cfg, spec, c, lg, t, impl),
                                        params, cache_sds, logit_sds, vec_sds)
-            submit(("prepare", L, B, spec), lambda: engine.prepare.lower(params, cfg, spec, cache_sds, logit_sds,
-                                                                         vec_sds, impl=impl))
+            submit(("prepare", k, spec), lambda: engine.prepare.lower(params, cfg, spec, cache_sds, logit_sds,
+                                                                      vec_sds, impl=impl))
             if m.mesh is not None:
-                state_sds = _laid_out(futures[("prepare", L, B, spec)].result().out_info)
-            submit(("run", L, B, spec), lambda: engine.run_donating.lower(params, cfg, spec, GREEDY, state_sds, key,
-                                                                          a.new, stop_tokens=(), impl=impl))
+                state_sds = _laid_out(futures[("prepare", k, spec)].result().out_info)
+            submit(("run", k, spec), lambda: engine.run_donating.lower(params, cfg, spec, GREEDY, state_sds, key,
+                                                                       a.new, stop_tokens=(), impl=impl))
             if (L, B) == split and group == "grid" and m.mesh is None:
                 draft, verify, select = _pieces(cfg, spec, impl)
                 gam = jax.ShapeDtypeStruct((B, spec.gamma), jnp.int32)
@@ -301,28 +335,31 @@ def main():
             print(f"skipping L={L} B={B}: past {0.92 * a.budget_s:.0f} s of the --budget-s target", flush=True)
             skipped.append(f"L{L}_B{B}")
             continue
+        k = pkey(L, B)
         prompts, sources = make_prompts(tok, L, B, code, prose)
-        tokens = jnp.asarray(prompts)
+        # Right-padded to the shared width (the prefill takes the real lengths); the drafts follow each
+        # row's last real token.
+        tokens = jnp.asarray(np.pad(prompts, ((0, 0), (0, width(L, B) - L))))
+        last = jnp.asarray(prompts[:, L - 1])
         lens = jnp.full((B,), L, jnp.int32)
         if m.mesh is not None:
-            tokens, lens = jax.device_put((tokens, lens), NamedSharding(m.mesh, P()))
-        last = tokens[:, -1]
-        cache = api.new_cache(m, batch=B, capacity=caps[(L, B)])
-        logits, cache = compiled[("prefill", L, B)](params, tokens, lens, cache)
+            tokens, lens, last = jax.device_put((tokens, lens, last), NamedSharding(m.mesh, P()))
+        cache = api.new_cache(m, batch=B, capacity=caps[k])
+        logits, cache = compiled[("prefill", k)](params, tokens, lens, cache)
         ar_out, ar_tps, ar_dt = None, None, None
         for group, spec in cfgs:
             best, out, st = None, None, None
             for _ in range(max(1, a.reps)):
                 if spec is None:
                     t = time.perf_counter()
-                    out, _, cache = compiled[("ar", L, B)](params, cache, logits, key)
+                    out, _, cache = compiled[("ar", k)](params, cache, logits, key)
                     out.block_until_ready()
                     dt = time.perf_counter() - t
                 else:
-                    state = compiled[("prepare", L, B, spec)](params, cache, logits, last)
+                    state = compiled[("prepare", k, spec)](params, cache, logits, last)
                     jax.block_until_ready(state)
                     t = time.perf_counter()
-                    out, _, st, final = compiled[("run", L, B, spec)](params, state, key)
+                    out, _, st, final = compiled[("run", k, spec)](params, state, key)
                     out.block_until_ready()
                     dt = time.perf_counter() - t
                     cache, logits = final.cache, final.logits
@@ -331,6 +368,7 @@ def main():
             out = np.asarray(out)
             tps = B * (a.new - 1) / best
             rec = base_record(model=a.model, impl=a.impl, devices=a.devices, L=L, B=B, new_tokens=a.new, group=group,
+                              capacity=caps[k],
                               sources=sorted(set(sources)), decode_s=round(best, 4), tokens_per_s=round(tps, 1))
             if spec is None:
                 ar_out, ar_tps = out, tps
@@ -359,7 +397,7 @@ def main():
             for group, spec in cfgs:
                 if spec is None or group != "grid":
                     continue
-                state = compiled[("prepare", L, B, spec)](params, cache, logits, last)
+                state = compiled[("prepare", k, spec)](params, cache, logits, last)
                 c_draft, c_verify, c_select = (compiled[(p, spec)] for p in ("draft", "verify", "select"))
                 q = jax.random.normal(jax.random.key(1), (cfg.n_layers, B, cfg.n_heads, cfg.head_dim))
                 box = {"state": state}
@@ -398,7 +436,7 @@ def main():
         del cache, logits
 
     summary = _summary(records, splits, sweep, split, Ls, Bs, a)
-    summary.update(compile_s=round(compile_s, 1), programs=len(names),
+    summary.update(compile_s=round(compile_s, 1), programs=len(names), shared_programs=share,
                    compile_each_s_mean=round(float(np.mean(durations)), 1) if durations else None,
                    compile_each_s_max=round(float(np.max(durations)), 1) if durations else None,
                    wall_s=round(time.perf_counter() - t_start, 1), skipped=skipped)
