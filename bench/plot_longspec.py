@@ -17,9 +17,14 @@ def main(path, out=None):
     recs = [r for r in doc["records"] if "tokens_per_s" in r and r.get("group", "grid") == "grid"]
     sweep = [r for r in doc["records"] if r.get("group") == "widths_sweep" and "tau" in r]
     shapes = sorted({(r["L"], r["B"], r.get("T", 0.0)) for r in recs})
-    ncol = len(shapes) + (1 if sweep else 0)
-    fig, axes = plt.subplots(1, ncol, figsize=(5.5 * ncol, 4), squeeze=False)
-    for ax, (L, B, T) in zip(axes[0], shapes):
+    n = len(shapes) + (1 if sweep else 0)
+    ncol = min(n, 4)   # a grid of panels: one row per 4 (L, B, T) shapes
+    nrow = -(-n // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 4 * nrow), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.axis("off")
+    for ax, (L, B, T) in zip(flat, shapes):
         rows = [r for r in recs if (r["L"], r["B"], r.get("T", 0.0)) == (L, B, T)]
         labels = [r["label"] + (f"\n{','.join(map(str, r['widths']))}" if r.get("widths") and
                                 r["label"].startswith("longspec") else "") for r in rows]
@@ -33,7 +38,7 @@ def main(path, out=None):
         ax.margins(y=0.2)
         ax.grid(alpha=0.3, axis="y")
     if sweep:
-        ax = axes[0][-1]
+        ax = flat[n - 1]
         pts = sorted((sum(r["widths"]), r["tau"], r["tokens_per_s"]) for r in sweep)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="tau")
         ax.set_xlabel("draft tokens per round (tree size)")
