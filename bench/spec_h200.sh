@@ -32,5 +32,6 @@ echo "XLA_FLAGS for the benchmark: $XLA_FLAGS"
 echo "$XLA_FLAGS" > /root/jspec-xla-flags   # bench/longspec_h200.sh, later on the same machine, uses them too
 timeout "${SPEC_TIMEOUT:-380}" python3 bench/spec.py --out "$OUT/spec_h200.json" --impl pallas \
   --budget-s "${BUDGET_S:-300}" ${SPEC_ARGS:-} 2>&1 | tee "$OUT/spec_log.txt"
-JAX_PLATFORMS=cpu timeout "${HF_TIMEOUT:-150}" python3 bench/spec_hf.py --spec "$OUT/spec_h200.json" \
+hf_t="${HF_TIMEOUT:-150}"   # the HF process gets 30 s less, so the finished shapes are merged before the kill
+JAX_PLATFORMS=cpu timeout "$hf_t" python3 bench/spec_hf.py --spec "$OUT/spec_h200.json" --budget-s $((hf_t - 30)) \
   --shapes "${HF_SHAPES:-8000x64,8000x16,8000x1}" 2>&1 | grep -v Warning | tail -15

@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     ap.add_argument("--new", type=int, default=64, help="new tokens per HF run (its tokens/s hardly depends on it)")
+    ap.add_argument("--budget-s", type=float, default=1200.0, help="time limit for the HF process")
     ap.add_argument("--shapes", default="", help="only these LxB shapes of the run, e.g. 8000x64,8000x16 (default all)")
     a = ap.parse_args()
     import jspec
@@ -42,10 +43,15 @@ def main():
     path = "/tmp/jspec_spec_prompts.npz"
     np.savez(path, **{f"{L}_{B}": make_prompts(tok, L, B, code, prose)[0] for L, B in shapes})
     out = "/tmp/jspec_spec_hf.json"
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_decode.py"),
-                    "--prompts", path, "--model-dir", m.path, "--new", str(a.new), "--out", out],
-                   check=True, timeout=1200)
-    hf = {(r["L"], r["B"]): r for r in json.load(open(out)) if "tokens_per_s" in r}
+    if os.path.exists(out):
+        os.remove(out)
+    try:   # hf_decode writes its JSON after every shape: on a timeout, keep the shapes that finished
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_decode.py"),
+                        "--prompts", path, "--model-dir", m.path, "--new", str(a.new), "--out", out],
+                       check=True, timeout=a.budget_s)
+    except subprocess.TimeoutExpired:
+        print(f"hf_decode.py stopped after --budget-s {a.budget_s:.0f} s; keeping the shapes it finished", flush=True)
+    hf = {(r["L"], r["B"]): r for r in (json.load(open(out)) if os.path.exists(out) else []) if "tokens_per_s" in r}
     for r in doc["records"]:
         h = hf.get((r.get("L"), r.get("B")))
         if h and "tokens_per_s" in r:
