@@ -160,3 +160,27 @@ def test_lowers_to_triton_at_model_shapes(N, K, H, T, rows):
                              score_rows=rows, score_mode=mode)
         assert triton_calls(hlo, "flash_scores") == 1
         assert triton_calls(hlo) == 1 + (mode == "weights" and bool(rows))   # + the weights epilogue
+
+
+@pytest.mark.parametrize("S,block_s", [(200, 64), (48, 512)])   # S not a multiple of the block; S < block
+def test_score_weights_epilogue_ignores_junk(S, block_s):
+    """The weights epilogue alone against numpy: NaN in padding rows and in positions a row may not see (the
+    flash kernel leaves those unwritten) must not reach the result."""
+    from pallas_kernels.flash_scores import score_weights
+
+    rng = np.random.default_rng(0)
+    B, K, Rp, T = 3, 3, 16, 5
+    rows_t = np.array([0, 0, 0, 4, 4, 4] + [0] * (Rp - 6), np.int32)     # rows (0, T-1) x G=3 heads, padded
+    mult = np.array([1.0] * 6 + [0.0] * (Rp - 6), np.float32)
+    kv_len = np.array([S, S - 7, 20], np.int32)
+    sc = rng.normal(size=(B, K, Rp, S)).astype(np.float32) * 3
+    lse = rng.normal(size=(B, K, Rp)).astype(np.float32) + 5
+    seen = np.arange(S)[None, None, :] < (kv_len[:, None, None] - T + rows_t[None, :, None] + 1)   # [B, Rp, S]
+    sc[:, :, 6:] = np.nan
+    sc = np.where(seen[:, None], sc, np.nan).astype(np.float32)
+    want = np.where(seen[:, None], np.exp(sc - lse[..., None]) * mult[None, None, :, None], 0.0)
+    want = np.nansum(np.where(seen[:, None] & (mult[None, None, :, None] > 0), want, 0.0), axis=(1, 2))
+    got = score_weights(jnp.asarray(sc), jnp.asarray(lse), jnp.asarray(kv_len), jnp.asarray(rows_t),
+                        jnp.asarray(mult), T=T, interpret=INTERPRET, block_s=block_s)
+    assert np.isfinite(np.asarray(got)).all()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
