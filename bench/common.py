@@ -50,3 +50,58 @@ def write_json(path: str, records: list, summary: dict, **extra):
     with open(path, "w") as f:
         json.dump({"records": records, "summary": summary, **extra}, f, indent=1)
     print(f"wrote {path}")
+
+
+class CompilePool:
+    """Lower programs on the calling thread, compile them in a thread pool (XLA releases the GIL).
+
+    Benchmarks with dozens of programs submit every (name, lower) first, use `projected_end` to stop adding
+    shapes that would not finish compiling in their time budget, then collect with `results`."""
+
+    def __init__(self, jobs: int, t_start: float, first_guess_s: float = 20.0):
+        from concurrent.futures import ThreadPoolExecutor
+        self.pool, self.jobs, self.t_start, self.first_guess_s = ThreadPoolExecutor(max(1, jobs)), max(1, jobs), \
+            t_start, first_guess_s
+        self.futures, self.names, self.durations = {}, [], []
+
+    def _compile(self, lowered):
+        t = time.perf_counter()
+        out = lowered.compile()
+        self.durations.append(time.perf_counter() - t)
+        return out
+
+    def submit(self, name, lower):
+        """Queue `lower()`'s compile under `name`, unless a program of that name is already queued."""
+        if name not in self.futures:
+            self.futures[name] = self.pool.submit(self._compile, lower())
+            self.names.append(name)
+
+    def __contains__(self, name):
+        return name in self.futures
+
+    def result(self, name):
+        return self.futures[name].result()
+
+    def projected_end(self) -> float:
+        """Seconds since t_start when the queued compiles should be done (the mean compile time so far, or
+        first_guess_s before any is done, spread over the pool)."""
+        pending = sum(not f.done() for f in self.futures.values())
+        mean = sum(self.durations) / len(self.durations) if self.durations else self.first_guess_s
+        return time.perf_counter() - self.t_start + pending * mean / self.jobs
+
+    def results(self) -> dict:
+        """Wait for every program, with progress every 10; {name: compiled}."""
+        print(f"lowered {len(self.names)} programs in {time.perf_counter() - self.t_start:.0f} s; compiling with "
+              f"{self.jobs} threads", flush=True)
+        out = {}
+        for i, name in enumerate(self.names):
+            out[name] = self.futures[name].result()
+            if (i + 1) % 10 == 0 or i + 1 == len(self.names):
+                print(f"  compiled {i + 1}/{len(self.names)} ({time.perf_counter() - self.t_start:.0f} s)", flush=True)
+        self.pool.shutdown()
+        return out
+
+    def stats(self) -> dict:
+        d = self.durations
+        return dict(programs=len(self.names), compile_each_s_mean=round(sum(d) / len(d), 1) if d else None,
+                    compile_each_s_max=round(max(d), 1) if d else None)

@@ -30,14 +30,13 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import base_record, peak_memory_bytes, write_json  # noqa: E402
+from bench.common import CompilePool, base_record, peak_memory_bytes, write_json  # noqa: E402
 import jspec  # noqa: E402
 from jspec import decoding as gen, kv_cache  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
@@ -162,24 +161,8 @@ def main():
 
     # ---- lower (main thread), compile in a pool (XLA releases the GIL)
     key = jax.random.key(0)
-    pool = ThreadPoolExecutor(max(1, a.jobs))
-    futures, names, durations = {}, [], []
-
-    def compile_timed(lowered):
-        t = time.perf_counter()
-        out = lowered.compile()
-        durations.append(time.perf_counter() - t)
-        return out
-
-    def submit(name, lower):
-        if name not in futures:
-            futures[name] = pool.submit(compile_timed, lower())
-            names.append(name)
-
-    def projected_end():
-        pending = sum(not f.done() for f in futures.values())
-        mean = float(np.mean(durations)) if durations else 30.0
-        return time.perf_counter() - t_start + pending * mean / max(1, a.jobs)
+    cp = CompilePool(a.jobs, t_start, first_guess_s=30.0)
+    submit, projected_end = cp.submit, cp.projected_end
 
     skipped, caps = [], {}
     for (L, B), cfgs in list(plan.items()):
@@ -210,14 +193,7 @@ def main():
             submit(("run", P, spec, t), lambda: engine.run_donating.lower(params, cfg, spec, samp, state_sds, key,
                                                                              a.new, stop_tokens=(), impl=impl,
                                                                              **run_kw))
-    print(f"lowered {len(names)} programs in {time.perf_counter() - t_start:.0f} s; compiling with {a.jobs} threads",
-          flush=True)
-    compiled = {}
-    for i, name in enumerate(names):
-        compiled[name] = futures[name].result()
-        if (i + 1) % 10 == 0 or i + 1 == len(names):
-            print(f"  compiled {i + 1}/{len(names)} ({time.perf_counter() - t_start:.0f} s)", flush=True)
-    pool.shutdown()
+    compiled = cp.results()
     compile_s = time.perf_counter() - t_start
 
     # ---- run
@@ -295,8 +271,9 @@ def main():
         del cache, logits
 
     summary = _summary(records, sweep, widths)
-    summary.update(drafter=drafter_name, compile_s=round(compile_s, 1), programs=len(names),
-                   compile_each_s_mean=round(float(np.mean(durations)), 1) if durations else None,
+    st = cp.stats()
+    summary.update(drafter=drafter_name, compile_s=round(compile_s, 1), programs=st["programs"],
+                   compile_each_s_mean=st["compile_each_s_mean"],
                    wall_s=round(time.perf_counter() - t_start, 1), skipped=skipped)
     write_json(a.out, records, summary)
     _table(records, summary)

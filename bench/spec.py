@@ -37,7 +37,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +45,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import base_record, peak_memory_bytes, write_json  # noqa: E402
+from bench.common import CompilePool, base_record, peak_memory_bytes, write_json  # noqa: E402
 import jspec  # noqa: E402
 from jspec import api, data, decoding as gen, kv_cache, selection, sharding  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
@@ -242,25 +241,8 @@ def main():
 
     # ---- lower everything (main thread, tracing), compile in a pool (XLA releases the GIL)
     key = jax.random.key(0)
-    pool = ThreadPoolExecutor(max(1, a.jobs))
-    futures, names, durations = {}, [], []
-
-    def compile_timed(lowered):
-        t = time.perf_counter()
-        out = lowered.compile()
-        durations.append(time.perf_counter() - t)
-        return out
-
-    def submit(name, lower):
-        if name not in futures:   # shared with an earlier shape
-            futures[name] = pool.submit(compile_timed, lower())
-            names.append(name)
-
-    def projected_end():
-        """When the queued compiles should be done (mean compile time so far, 20 s before any is done)."""
-        pending = sum(not f.done() for f in futures.values())
-        mean = float(np.mean(durations)) if durations else 20.0
-        return time.perf_counter() - t_start + pending * mean / max(1, a.jobs)
+    cp = CompilePool(a.jobs, t_start, first_guess_s=20.0)
+    submit, projected_end = cp.submit, cp.projected_end
 
     n_programs = len({n for s_, cfgs in plan.items() for n in programs(*s_, cfgs)})
     print(f"plan: {len(plan)} shapes, {sum(len(c) for c in plan.values())} runs, {n_programs} programs"
@@ -273,7 +255,7 @@ def main():
     skipped = []
     caps = {}
     for (L, B), cfgs in list(plan.items()):
-        if all(n in futures for n in programs(L, B, cfgs)):
+        if all(n in cp for n in programs(L, B, cfgs)):
             continue   # every program already queued by an earlier L of this B: nothing to lower
         # Lowering is serial and the compiles queue behind it: stop adding shapes (they come in priority
         # order) once lowering plus the queued compiles would take ~55% of the wall-clock target.
@@ -293,20 +275,20 @@ def main():
             tok_sds, vec_sds = (_laid_out(x, NamedSharding(m.mesh, P())) for x in (tok_sds, vec_sds))
         submit(("prefill", k), lambda: gen.prefill.lower(params, cfg, tok_sds, vec_sds, cache_sds, impl=impl))
         if m.mesh is not None:   # later programs take the prefill's outputs as laid out by it
-            logit_sds, cache_sds = _laid_out(futures[("prefill", k)].result().out_info)
+            logit_sds, cache_sds = _laid_out(cp.result(("prefill", k)).out_info)
         for group, spec in cfgs:
             if spec is None:
                 submit(("ar", k), lambda: gen.decode.lower(params, cfg, GREEDY, cache_sds, logit_sds, key,
                                                           max_new_tokens=a.new, stop_tokens=(), impl=impl))
                 continue
-            if ("run", k, spec) in futures and not ((L, B) == split and group == "grid"):
+            if ("run", k, spec) in cp and not ((L, B) == split and group == "grid"):
                 continue   # shared with an earlier L of this B (the sweep shape's grid configs, say)
             state_sds = jax.eval_shape(lambda p, c, lg, t: engine._prepare(p, cfg, spec, c, lg, t, impl),
                                        params, cache_sds, logit_sds, vec_sds)
             submit(("prepare", k, spec), lambda: engine.prepare.lower(params, cfg, spec, cache_sds, logit_sds,
                                                                       vec_sds, impl=impl))
             if m.mesh is not None:
-                state_sds = _laid_out(futures[("prepare", k, spec)].result().out_info)
+                state_sds = _laid_out(cp.result(("prepare", k, spec)).out_info)
             submit(("run", k, spec), lambda: engine.run_donating.lower(params, cfg, spec, GREEDY, state_sds, key,
                                                                        a.new, stop_tokens=(), impl=impl))
             if (L, B) == split and group == "grid" and m.mesh is None:
@@ -318,14 +300,7 @@ def main():
                 submit(("verify", spec), lambda: jax.jit(verify, donate_argnums=1).lower(params, state_sds, vec_sds,
                                                                                          gam, key))
                 submit(("select", spec), lambda: jax.jit(select).lower(state_sds, sc_sds, q_sds))
-    print(f"lowered {len(names)} programs in {time.perf_counter() - t_start:.0f} s; compiling with {a.jobs} threads",
-          flush=True)
-    compiled = {}
-    for i, name in enumerate(names):
-        compiled[name] = futures[name].result()
-        if (i + 1) % 10 == 0 or i + 1 == len(names):
-            print(f"  compiled {i + 1}/{len(names)} ({time.perf_counter() - t_start:.0f} s)", flush=True)
-    pool.shutdown()
+    compiled = cp.results()
     compile_s = time.perf_counter() - t_start
 
     # ---- run
@@ -436,9 +411,7 @@ def main():
         del cache, logits
 
     summary = _summary(records, splits, sweep, split, Ls, Bs, a)
-    summary.update(compile_s=round(compile_s, 1), programs=len(names), shared_programs=share,
-                   compile_each_s_mean=round(float(np.mean(durations)), 1) if durations else None,
-                   compile_each_s_max=round(float(np.max(durations)), 1) if durations else None,
+    summary.update(compile_s=round(compile_s, 1), shared_programs=share, **cp.stats(),
                    wall_s=round(time.perf_counter() - t_start, 1), skipped=skipped)
     write_json(a.out, records + splits, summary)
     _table(records, splits, summary)
