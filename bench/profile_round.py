@@ -55,6 +55,45 @@ def kernel_table(trace_dir, n_calls):
     return {k: [v[0] / n_calls, v[1] / n_calls] for k, v in tab.items()}, sorted(set(pname.values()))
 
 
+def timeline(trace_dir):
+    """Every complete ("X") event of the newest trace under trace_dir as compact rows
+    [process, thread, name, ts_us, dur_us], sorted by time, or None."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)) or \
+        sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True))
+    if not files:
+        return None
+    with gzip.open(files[-1], "rt") as f:
+        tr = json.load(f)
+    events = tr["traceEvents"] if isinstance(tr, dict) else tr
+    pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    rows = [[pname.get(e.get("pid"), str(e.get("pid"))), e.get("tid"), e.get("name", "")[:100],
+             float(e.get("ts", 0.0)), float(e.get("dur", 0.0))] for e in events if e.get("ph") == "X"]
+    return sorted(rows, key=lambda r: r[3])
+
+
+def device_gaps(rows, top=10):
+    """Idle time on the busiest device stream between consecutive kernels, summed by the kernel that waited:
+    (total gap us, [(name, gap us, count)...]) -- where wall time beyond the kernels' sum goes."""
+    dev = [r for r in rows if "GPU" in r[0].upper() and "HOST" not in r[0].upper()]
+    if not dev:
+        return 0.0, []
+    by_stream = defaultdict(list)
+    for r in dev:
+        by_stream[(r[0], r[1])].append(r)
+    stream = max(by_stream.values(), key=len)
+    acc = defaultdict(lambda: [0.0, 0])
+    end = stream[0][3] + stream[0][4]
+    for r in stream[1:]:
+        gap = r[3] - end
+        if 0 < gap < 1000:   # gaps over 1 ms lie between traced calls (host-side dispatch, not the program)
+            acc[r[2]][0] += gap
+            acc[r[2]][1] += 1
+        end = max(end, r[3] + r[4])
+    ranked = sorted(acc.items(), key=lambda kv: -kv[1][0])
+    return sum(v[0] for v in acc.values()), [(k[:80], round(v[0], 1), v[1]) for k, v in ranked[:top]]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -68,6 +107,9 @@ def main():
     ap.add_argument("--trace-calls", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--pieces", default="", help="only these pieces (e.g. vegas_verify,streaming_verify); verify "
+                    "pieces without their draft piece verify a fixed dummy draft (same cost)")
+    ap.add_argument("--timeline", default="", help="write every traced event (device + host) here (.json.gz)")
     ap.add_argument("--loops", type=int, default=0,
                     help="also time whole generation loops of this many new tokens (ar and each method): the "
                          "while_loop overhead that per-piece timings leave out")
@@ -93,6 +135,11 @@ def main():
     def ar_step(params, cache, tok):
         lg, c, _ = model.forward(params, cfg, tok[:, None], cache, impl=impl)
         return lg[:, 0].argmax(-1), kv_cache.rollback(c, cache.lengths)
+
+    only = {p for p in a.pieces.split(",") if p}
+
+    def wanted(piece):
+        return not only or piece in only
 
     pieces = {}
     c_ar = jax.jit(ar_step, donate_argnums=1)
@@ -127,7 +174,12 @@ def main():
             return c_s(st["state"], st["scores"], q)
 
         pieces[f"{name}_draft"], pieces[f"{name}_verify"], pieces[f"{name}_select"] = run_d, run_v, run_s
-        run_d(), run_v()   # fill drafts/scores (and compile)
+        if wanted(f"{name}_draft"):
+            run_d()   # fill drafts (and compile)
+        else:
+            st["drafts"] = jnp.tile(last[:, None], (1, a.gamma))
+        if wanted(f"{name}_verify") or wanted(f"{name}_select"):
+            run_v()   # fill scores (and compile)
     loop_boxes = {}
     timers = {}   # pieces that need an untimed set-up per call: name -> (setup, run)
     if a.loops:
@@ -173,9 +225,11 @@ def main():
             ts.append(time.perf_counter() - t)
         return float(np.median(ts))
 
-    records = []
+    records, timelines = [], {}
     trace_root = tempfile.mkdtemp(prefix="jspec-trace-")
     for name, fn in pieces.items():
+        if not wanted(name):
+            continue
         for _ in range(2):
             median_wall(name, fn, 1)
         wall = median_wall(name, fn, a.reps)
@@ -192,6 +246,13 @@ def main():
                 tab, devs = got
                 busy = sum(v[0] for v in tab.values())
                 top = sorted(tab.items(), key=lambda kv: -kv[1][0])[:a.top]
+                rows = timeline(d)
+                gap_us, gap_top = device_gaps(rows)
+                rec.update(device_gap_ms=round(gap_us / a.trace_calls / 1e3, 3),
+                           gaps_before=[{"kernel": k, "us_per_call": round(g / a.trace_calls, 1),
+                                         "count_per_call": round(c / a.trace_calls, 1)} for k, g, c in gap_top])
+                if a.timeline:
+                    timelines[name] = rows
                 rec.update(device_busy_ms=round(busy / 1e3, 3), kernels_per_call=round(sum(v[1] for v in tab.values()), 1),
                            trace_processes=devs,
                            top_kernels=[{"name": k[:120], "us_per_call": round(v[0], 1), "count_per_call": round(v[1], 1)}
@@ -206,6 +267,13 @@ def main():
               flush=True)
         for t in rec.get("top_kernels", [])[:8]:
             print(f"    {t['us_per_call']:9.1f} us  x{t['count_per_call']:<6} {t['name']}", flush=True)
+        if "device_gap_ms" in rec:
+            print(f"    idle between kernels: {rec['device_gap_ms']} ms per call; largest before:", flush=True)
+            for g in rec["gaps_before"][:6]:
+                print(f"    {g['us_per_call']:9.1f} us  x{g['count_per_call']:<6} {g['kernel']}", flush=True)
+        if a.timeline and timelines:   # rewritten after every piece: a cut run keeps what it traced
+            with gzip.open(a.timeline, "wt") as f:
+                json.dump(timelines, f)
     write_json(a.out, records, {"shape": a.shape, "tag": a.tag, "xla_flags": os.environ.get("XLA_FLAGS", "")})
 
 

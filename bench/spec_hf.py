@@ -29,10 +29,23 @@ def main():
     ap.add_argument("--new", type=int, default=64, help="new tokens per HF run (its tokens/s hardly depends on it)")
     ap.add_argument("--budget-s", type=float, default=1200.0, help="time limit for the HF process")
     ap.add_argument("--shapes", default="", help="only these LxB shapes of the run, e.g. 8000x64,8000x16 (default all)")
+    ap.add_argument("--hf-json", default="", help="merge this earlier hf_decode.py result (same prompts) instead of "
+                    "running HF; works on bench/longspec.py's JSON too")
     a = ap.parse_args()
+    doc = json.load(open(a.spec))
+    if a.hf_json:
+        merge(doc, json.load(open(a.hf_json)), a.new, a.hf_json)
+    else:
+        merge(doc, run_hf(a, doc), a.new, "")
+    with open(a.spec, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"HF static cache: {doc['summary']['hf_static']}")
+
+
+def run_hf(a, doc):
+    """Time HF on the (L, B) prompt sets of the run; the list hf_decode.py wrote (shapes finished in time)."""
     import jspec
 
-    doc = json.load(open(a.spec))
     shapes = sorted({(r["L"], r["B"]) for r in doc["records"] if "tokens_per_s" in r and "L" in r})
     if a.shapes:
         want = {tuple(int(x) for x in s.lower().split("x")) for s in a.shapes.split(",")}
@@ -51,7 +64,13 @@ def main():
                        check=True, timeout=a.budget_s)
     except subprocess.TimeoutExpired:
         print(f"hf_decode.py stopped after --budget-s {a.budget_s:.0f} s; keeping the shapes it finished", flush=True)
-    hf = {(r["L"], r["B"]): r for r in (json.load(open(out)) if os.path.exists(out) else []) if "tokens_per_s" in r}
+    return json.load(open(out)) if os.path.exists(out) else []
+
+
+def merge(doc, hf_rows, new, source):
+    """hf_tokens_per_s / speedup_vs_hf on every record of a timed (L, B), HF figures and headline ratios in the
+    summary (vegas / ar at L=8000 B=64, longspec's modes at L=8000 B=16, greedy)."""
+    hf = {(r["L"], r["B"]): r for r in hf_rows if "tokens_per_s" in r}
     for r in doc["records"]:
         h = hf.get((r.get("L"), r.get("B")))
         if h and "tokens_per_s" in r:
@@ -59,14 +78,16 @@ def main():
             r["speedup_vs_hf"] = round(r["tokens_per_s"] / h["tokens_per_s"], 3)
     s = doc["summary"]
     s["hf_static"] = {f"L{L}_B{B}": h["tokens_per_s"] for (L, B), h in sorted(hf.items())}
-    s["hf_new_tokens"] = a.new
+    s["hf_new_tokens"] = new
+    if source:
+        s["hf_source"] = source
     for r in doc["records"]:
-        if r.get("method") in ("vegas", "ar") and r.get("group") == "grid" and (r["L"], r["B"]) == (8000, 64) \
-                and "speedup_vs_hf" in r:
+        if r.get("group") != "grid" or "speedup_vs_hf" not in r or r.get("T", 0.0) not in (0, 0.0):
+            continue
+        if r.get("method") in ("vegas", "ar", "streaming", "quest") and (r["L"], r["B"]) == (8000, 64):
             s[f"{r['method']}_speedup_vs_hf_L8000_B64"] = r["speedup_vs_hf"]
-    with open(a.spec, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(f"HF static cache: {s['hf_static']}")
+        if r.get("method") == "longspec" and (r["L"], r["B"]) == (8000, 16):
+            s[f"longspec_{r.get('mode')}_speedup_vs_hf_L8000_B16"] = r["speedup_vs_hf"]
 
 
 if __name__ == "__main__":

@@ -173,6 +173,66 @@ def run_devices(a, cfg, n, prompts, records, outs):
     gc.collect()
 
 
+def memory_report(a, cfg, n, out_dir):
+    """Compile (no run) ar's decode and vegas' run_donating for n devices at the benchmark's shapes and report
+    XLA's memory analysis per device, plus the ops of the optimized HLO that produce a whole-cache-shaped array
+    (copies of the cache are what makes vegas need twice the cache's memory); the HLO goes to out_dir."""
+    import gzip
+    import re
+    mesh = sharding.make_mesh(n, cfg=cfg)
+    impl = AttnImpl(backend=None if a.impl == "auto" else a.impl, interpret=a.interpret, mesh=mesh)
+    spec_mod, SpecConfig = _speculative()
+    spec = SpecConfig(method="vegas", gamma=a.gamma, budget=a.budget)
+    capacity = -(-(a.L + a.new + spec.capacity_margin()) // 128) * 128
+    params = jax.eval_shape(lambda: sharding.init_params(cfg, mesh, jax.random.key(0)))
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                          sharding.param_shardings(cfg, mesh))
+    cache = jax.eval_shape(lambda: kv_cache.init(cfg, batch=a.B, capacity=capacity))
+    cache = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), cache,
+                         sharding.cache_sharding(mesh))
+    rep = NamedSharding(mesh, P())
+    logits = jax.ShapeDtypeStruct((a.B, cfg.vocab_size), jnp.float32, sharding=rep)
+    last = jax.ShapeDtypeStruct((a.B,), jnp.int32, sharding=rep)
+    key = jax.random.key(0)
+    cache_shape = f"[{cfg.n_layers},{a.B},{capacity},{cfg.n_kv_heads // n},{cfg.head_dim}]"
+    cache_bytes = 2 * cfg.n_layers * a.B * capacity * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+    progs = {"ar_decode": lambda: gen.decode.lower(params, cfg, GREEDY, cache, logits, key, max_new_tokens=a.new,
+                                                   stop_tokens=(), impl=impl)}
+    if spec_mod is not None:
+        state = jax.eval_shape(lambda p, c, lg, t: spec_mod.prepare(p, cfg, spec, c, lg, t, impl=impl),
+                               params, cache, logits, last)
+        progs["vegas_prepare"] = lambda: spec_mod.prepare.lower(params, cfg, spec, cache, logits, last, impl=impl)
+        progs["vegas_run_donating"] = lambda: spec_mod.run_donating.lower(params, cfg, spec, GREEDY, state, key, a.new,
+                                                                          stop_tokens=(), impl=impl)
+    rows = []
+    os.makedirs(out_dir, exist_ok=True)
+    for name, lower in progs.items():
+        t0 = time.perf_counter()
+        try:
+            c = lower().compile()
+            ma = c.memory_analysis()
+            txt = c.as_text()
+            with gzip.open(os.path.join(out_dir, f"hlo_{name}_{n}dev.txt.gz"), "wt") as f:
+                f.write(txt)
+            inst = re.compile(r"^\s*(?:ROOT\s+)?%\S+ = (\S+(?: \S+)*?) ([a-z][\w-]*)\(")
+            ops, big = {}, []
+            for ln in txt.splitlines():
+                m = inst.match(ln)
+                if m and cache_shape in m.group(1) and m.group(2) not in ("parameter", "get-tuple-element", "tuple",
+                                                                          "bitcast"):
+                    ops[m.group(2)] = ops.get(m.group(2), 0) + 1
+                    big.append(ln.strip()[:220])
+            r = dict(program=name, devices=n, compile_s=round(time.perf_counter() - t0, 1),
+                     temp_gb=round(ma.temp_size_in_bytes / 1e9, 2), argument_gb=round(ma.argument_size_in_bytes / 1e9, 2),
+                     output_gb=round(ma.output_size_in_bytes / 1e9, 2), alias_gb=round(ma.alias_size_in_bytes / 1e9, 2),
+                     cache_gb_per_device=round(cache_bytes / n / 1e9, 2), cache_shaped_ops=ops, cache_shaped_lines=big[:12])
+        except Exception as e:
+            r = dict(program=name, devices=n, error=repr(e)[:400])
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    return rows
+
+
 def summarize(records, outs, device_counts):
     summary = {}
     for method in ("ar", "vegas"):
@@ -218,6 +278,8 @@ def main():
     ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=2048, help="vegas KV slots per draft step")
+    ap.add_argument("--memory-report", action="store_true",
+                    help="compile only: XLA's per-device memory analysis of ar and vegas (+ optimized HLO) to --out")
     a = ap.parse_args()
     if a.tiny:
         cfg, a.model_name = TINY, "tiny"
@@ -226,6 +288,11 @@ def main():
     else:
         cfg, a.model_name = preset(a.model), f"{a.model} (random weights)"
     asked = [int(x) for x in a.devices.split(",")]
+    if a.memory_report:
+        out_dir = os.path.dirname(os.path.abspath(a.out))
+        rows = [r for n in asked if n <= jax.device_count() for r in memory_report(a, cfg, n, out_dir)]
+        write_json(a.out, rows, {"kind": "memory_report"}, config=cfg.to_dict(), args=vars(a))
+        return
     prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (a.B, a.L)).astype(np.int32)
     records, outs = [], {}
     for n in asked:
