@@ -126,6 +126,11 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
     point = lengths - 1
     b = jnp.arange(cache.batch)
     saved_k, saved_v = cache.k[:, b, point], cache.v[:, b, point]                 # [L, B, K, H]
+    # Materialise the saved entries before the forward writes the cache in place: the forward's input token
+    # comes out of the same barrier. Without it XLA fuses this gather into the restoring scatter at the end,
+    # which keeps the donated input alive through the forward and so copies the whole cache (Llama-3-8B
+    # shapes at 32K x 16 ran out of memory on one H200).
+    saved_k, saved_v, last_token = jax.lax.optimization_barrier((saved_k, saved_v, last_token))
     _, scored, aux = model.forward(params, cfg, last_token[:, None], kv_cache.rollback(cache, point),
                                    score_rows=(0,), score_mode=spec.score_mode, impl=impl)
     cache = kv_cache.KVCache(k=scored.k.at[:, b, point].set(saved_k), v=scored.v.at[:, b, point].set(saved_v),
