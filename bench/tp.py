@@ -1,6 +1,8 @@
 """Tensor-parallel decoding on 1, 2 and 4 GPUs of one host: a Llama-3-8B-shaped model with random weights.
 
     PYTHONPATH=. python bench/tp.py --out bench/results/tp_h200.json [--devices 1,2,4] [--impl auto]
+    # compile only: XLA's per-device memory analysis of ar / vegas programs + their optimized HLO (.txt.gz)
+    PYTHONPATH=. python bench/tp.py --memory-report --devices 1,2 --out $OUT/tpmem/tp_memory.json
     # end to end on CPU (tiny config, 4 virtual devices):
     XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PYTHONPATH=. \\
         python bench/tp.py --tiny --out /tmp/tp_cpu.json
