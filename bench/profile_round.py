@@ -34,8 +34,8 @@ from jspec.attention import AttnImpl  # noqa: E402
 from jspec.speculative import SpecConfig, engine  # noqa: E402
 
 
-def kernel_table(trace_dir, n_calls):
-    """{name: [total_us, count]} of device-side events in the newest Perfetto trace under trace_dir."""
+def read_trace(trace_dir):
+    """(events, {pid: process name}) of the newest Perfetto trace under trace_dir, or None."""
     files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)) or \
         sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True))
     if not files:
@@ -45,7 +45,17 @@ def kernel_table(trace_dir, n_calls):
     events = tr["traceEvents"] if isinstance(tr, dict) else tr
     pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
-    dev = {p for p, n in pname.items() if "GPU" in n.upper() and "HOST" not in n.upper()}
+    return events, pname
+
+
+def is_device(process_name):
+    return "GPU" in process_name.upper() and "HOST" not in process_name.upper()
+
+
+def kernel_table(trace, n_calls):
+    """{name: [total_us, count]} per call of the trace's device-side events, and the trace's process names."""
+    events, pname = trace
+    dev = {p for p, n in pname.items() if is_device(n)}
     tab = defaultdict(lambda: [0.0, 0])
     for e in events:
         if e.get("ph") == "X" and e.get("pid") in dev:
@@ -55,18 +65,9 @@ def kernel_table(trace_dir, n_calls):
     return {k: [v[0] / n_calls, v[1] / n_calls] for k, v in tab.items()}, sorted(set(pname.values()))
 
 
-def timeline(trace_dir):
-    """Every complete ("X") event of the newest trace under trace_dir as compact rows
-    [process, thread, name, ts_us, dur_us], sorted by time, or None."""
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)) or \
-        sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True))
-    if not files:
-        return None
-    with gzip.open(files[-1], "rt") as f:
-        tr = json.load(f)
-    events = tr["traceEvents"] if isinstance(tr, dict) else tr
-    pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+def timeline(trace):
+    """Every complete ("X") event of the trace as compact rows [process, thread, name, ts_us, dur_us], by time."""
+    events, pname = trace
     rows = [[pname.get(e.get("pid"), str(e.get("pid"))), e.get("tid"), e.get("name", "")[:100],
              float(e.get("ts", 0.0)), float(e.get("dur", 0.0))] for e in events if e.get("ph") == "X"]
     return sorted(rows, key=lambda r: r[3])
@@ -75,7 +76,7 @@ def timeline(trace_dir):
 def device_gaps(rows, top=10):
     """Idle time on the busiest device stream between consecutive kernels, summed by the kernel that waited:
     (total gap us, [(name, gap us, count)...]) -- where wall time beyond the kernels' sum goes."""
-    dev = [r for r in rows if "GPU" in r[0].upper() and "HOST" not in r[0].upper()]
+    dev = [r for r in rows if is_device(r[0])]
     if not dev:
         return 0.0, []
     by_stream = defaultdict(list)
@@ -241,12 +242,12 @@ def main():
             for _ in range(a.trace_calls):
                 jax.block_until_ready(fn())
             jax.profiler.stop_trace()
-            got = kernel_table(d, a.trace_calls)
-            if got:
-                tab, devs = got
+            trace = read_trace(d)
+            if trace:
+                tab, devs = kernel_table(trace, a.trace_calls)
                 busy = sum(v[0] for v in tab.values())
                 top = sorted(tab.items(), key=lambda kv: -kv[1][0])[:a.top]
-                rows = timeline(d)
+                rows = timeline(trace)
                 gap_us, gap_top = device_gaps(rows)
                 rec.update(device_gap_ms=round(gap_us / a.trace_calls / 1e3, 3),
                            gaps_before=[{"kernel": k, "us_per_call": round(g / a.trace_calls, 1),
