@@ -3,6 +3,11 @@
 # model is staged (../shared/gpu/README.md), with .carry/train (training text) carried:
 #   bash bench/drafter_h200.sh main      # the committed drafter: --budget-s 450 of training
 #   bash bench/drafter_h200.sh ablation  # full / no-anchor-offset / no-noisy-xattn, equal steps
+#   bash bench/drafter_h200.sh pair      # two GPUs: distilled drafters, 16 x 2048 (GPU 0) and 4 x 8192 (GPU 1)
+#                                        # tokens per step, BUDGET_S each, EXPORTS bf16 snapshots kept in
+#                                        # /root/drafter-runs (tau vs training tokens: `curve`, same machine)
+#   bash bench/drafter_h200.sh curve     # greedy tree tau at L=8000, B=16 of every snapshot + the finals
+# TRAIN_SRC: where the training text lies (default .carry/train).
 # Training text: the corpus files in .carry/train (kjv, jargon, python-docs, Mansfield Park, stdtypes.rst) and
 # the machine's stdlib (.py, tests excluded), minus every text the benchmarks draw prompts from (held out:
 # Emma, Sense and Sensibility, the corpus's stdlib-*.py modules and bench/spec.py's CODE_MODULES).
@@ -10,7 +15,7 @@ set -euo pipefail
 mode=${1:?main or ablation}
 data=/root/drafter-train
 if [ ! -d "$data" ]; then
-  mkdir -p "$data" && cp .carry/train/* "$data/"
+  mkdir -p "$data" && cp "${TRAIN_SRC:-.carry/train}"/* "$data/"
   python3 - "$data" <<'PY'
 import pathlib, shutil, sys, sysconfig
 held = {"inspect", "typing", "argparse", "dataclasses", "functools", "pathlib", "subprocess", "_pydecimal",
@@ -37,5 +42,24 @@ case "$mode" in
             # one file back ($OUT returns at most 8): every arm's drafter (bf16), loss log and the summary
             rm -rf "$OUT"/ablation/_tokens "$OUT"/ablation/*/ckpt
             tar -C "$OUT" -cf "$OUT/ablation.tar" ablation && rm -rf "$OUT/ablation" ;;
+  pair) runs=/root/drafter-runs
+        common="--data $data --budget-s ${BUDGET_S:-480} --objective distill --export-count ${EXPORTS:-5} --overwrite"
+        CUDA_VISIBLE_DEVICES=0 python3 bench/train_drafter.py $common --out $runs/d2048 --seq-len 2048 --batch 16 \
+          > "$OUT/d2048_log.txt" 2>&1 &
+        CUDA_VISIBLE_DEVICES=1 python3 bench/train_drafter.py $common --out $runs/d8192 --seq-len 8192 --batch 4 \
+          > "$OUT/d8192_log.txt" 2>&1 &
+        wait
+        for r in d2048 d8192; do
+          tar -C $runs/$r -cf "$OUT/$r.tar" drafter loss.jsonl loss.png summary.json train_config.json || true
+        done ;;
+  curve) runs=/root/drafter-runs
+         list="ce1400=checkpoints/drafters/smollm2-135m"
+         for r in d2048 d8192; do
+           for d in $runs/$r/drafters/step_* $runs/$r/drafter; do
+             [ -d "$d" ] && list="$list,$r-$(basename $d)=$d"
+           done
+         done
+         python3 bench/drafter_tau.py --drafters "$list" --out "$OUT/drafter_curve_h200.json" --length 8000 \
+           --batch 16 --new "${NEW:-128}" --modes tree ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

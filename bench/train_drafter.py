@@ -1,7 +1,8 @@
 """Train the LongSpec drafter for SmolLM2-135M within a wall-clock budget (~10 minutes on one H200).
 
     PYTHONPATH=. python bench/train_drafter.py --out $OUT/drafter_smollm2 [--data DIR] [--budget-s 600]
-        [--no-anchor-offset] [--no-noisy-xattn] [--steps N] [--resume] [--quick]
+        [--no-anchor-offset] [--no-noisy-xattn] [--steps N] [--objective ce|distill] [--export-every N]
+        [--resume] [--quick]
 
 --steps 0 (default) sizes the run to the budget: a short calibration run measures tokens/s (compiling the
 step once; the real run reuses the compiled step), then the schedule's length is what fits in the time
@@ -41,6 +42,11 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-anchor-offset", action="store_true", help="ablation: positions 0..T-1")
     ap.add_argument("--no-noisy-xattn", action="store_true", help="ablation: fixed lag p = 1")
+    ap.add_argument("--objective", default="ce", choices=["ce", "distill"],
+                    help="ce: the text's next token; distill: the target's next-token distribution")
+    ap.add_argument("--export-every", type=int, default=0, help="bf16 snapshots every N steps (0: off)")
+    ap.add_argument("--export-count", type=int, default=0,
+                    help="with --steps 0: about this many evenly spaced snapshots (tau vs training tokens)")
     ap.add_argument("--eval-every", type=int, default=0, help="0: five evaluations over the run")
     ap.add_argument("--ckpt-every", type=int, default=500)
     ap.add_argument("--log-every", type=int, default=20)
@@ -63,7 +69,7 @@ def main():
               lr=a.lr, warmup=a.warmup, seed=a.seed, anchor_offset=not a.no_anchor_offset,
               noisy_xattn=not a.no_noisy_xattn, ckpt_every=a.ckpt_every, log_every=a.log_every,
               attn_backend=None if a.attn == "auto" else "xla", resume=a.resume, overwrite=a.overwrite,
-              token_cache=a.out)
+              token_cache=a.out, objective=a.objective)
     steps = a.steps
     if a.quick:
         kw.update({k: v for k, v in QUICK.items() if k != "steps"})
@@ -90,10 +96,12 @@ def main():
         print(f"calibration: {tps:,.0f} tokens/s -> {steps} steps of {tok_per_step} tokens "
               f"({steps * tok_per_step / 1e6:.1f}M tokens) in the {left:.0f}s left", flush=True)
 
+    export_every = a.export_every or (max(1, steps // (a.export_count + 1)) if a.export_count else 0)
     quick_eval = kw.pop("eval_every", 0)
     eval_every = a.eval_every or quick_eval or max(1, steps // 5)
     limit = a.budget_s - (time.perf_counter() - t0) - 20.0
-    s = train_drafter(**kw, steps=steps, eval_every=eval_every, time_limit_s=None if a.quick else limit)
+    s = train_drafter(**kw, steps=steps, eval_every=eval_every, export_every=export_every,
+                      time_limit_s=None if a.quick else limit)
 
     recs = [json.loads(line) for line in open(s["log"])]
     evals = [r for r in recs if "eval_loss" in r]
@@ -101,6 +109,7 @@ def main():
         bench="train_drafter", model=str(model.path), steps_done=s["step"], steps=steps, finished=s["finished"],
         tokens=s["step"] * tok_per_step, tokens_per_s=s["tokens_per_s"], loss=s["loss"],
         eval_loss=evals[-1]["eval_loss"] if evals else None, eval_acc=evals[-1]["eval_acc"] if evals else None,
+        eval_agree=evals[-1].get("eval_agree") if evals else None, objective=a.objective, export_every=export_every,
         anchor_offset=kw["anchor_offset"], noisy_xattn=kw["noisy_xattn"], batch=kw["batch"], seq_len=kw["seq_len"],
         window=kw["window"], lr=a.lr, peak_memory_bytes=peak_memory_bytes(),
         wall_s=time.perf_counter() - t0, drafter=s["drafter"], plot=s.get("plot"))

@@ -14,7 +14,7 @@ from jspec.config import preset
 from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_bytes, drafter_forward_train,
                            drafter_prefill, drafter_step, init_drafter_cache, init_drafter_params, load_drafter,
                            noisy_cross_len, sample_anchor_positions, save_drafter)
-from jspec.drafter.train import lr_at, target_last_kv, train_drafter
+from jspec.drafter.train import drafter_loss, lr_at, target_last_kv, train_drafter
 from jspec.model import forward
 
 from conftest import random_params, tiny_config
@@ -220,6 +220,63 @@ def test_training_reduces_loss(tmp_path):
     assert len(losses) == 16 and s["finished"]
     assert np.mean(losses[-5:]) < losses[0] - 0.5, losses
     assert os.path.isfile(s["plot"]) and os.path.getsize(s["plot"]) > 1000
+
+
+def test_distill_loss_is_soft_cross_entropy_against_the_target():
+    cfg, tp = _tiny()
+    B, T = 2, 12
+    rng = np.random.default_rng(5)
+    dp = init_drafter_params(cfg, jax.random.key(1), target_params=tp, scale=0.3)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(B, T)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    tk, tv, tl = target_last_kv(tp, cfg, tokens, pos, with_logits=True)
+    cross = noisy_cross_len(B, T, 2)
+    q = np.asarray(drafter_forward_train(dp, tp, cfg, tokens, pos, tk, tv, cross, window=4), np.float64)[:, :-1]
+    p = np.asarray(tl, np.float64)[:, :-1]
+    logq = q - np.log(np.exp(q - q.max(-1, keepdims=True)).sum(-1, keepdims=True)) - q.max(-1, keepdims=True)
+    logp = p - np.log(np.exp(p - p.max(-1, keepdims=True)).sum(-1, keepdims=True)) - p.max(-1, keepdims=True)
+    want_soft = -np.mean(np.sum(np.exp(logp) * logq, -1))
+    want_kl = np.mean(np.sum(np.exp(logp) * (logp - logq), -1))
+    want_ce = -np.mean(np.take_along_axis(logq, np.asarray(tokens)[:, 1:, None], -1))
+    loss, aux = drafter_loss(dp, tp, cfg, tokens, pos, tk, tv, cross, window=4, target_logits=tl)
+    np.testing.assert_allclose(float(loss), want_soft, rtol=1e-5)
+    np.testing.assert_allclose(float(aux["kl"]), want_kl, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(float(aux["ce"]), want_ce, rtol=1e-5)
+    np.testing.assert_allclose(float(aux["agree"]), np.mean(q.argmax(-1) == p.argmax(-1)))
+    # the text objective is the hard-label cross-entropy of the same logits
+    ce_loss, ce_aux = drafter_loss(dp, tp, cfg, tokens, pos, tk, tv, cross, window=4)
+    np.testing.assert_allclose(float(ce_loss), want_ce, rtol=1e-5)
+    assert "agree" not in ce_aux
+    # the target's own logits as the drafter's: KL 0, full agreement
+    tl_same = jnp.concatenate([jnp.asarray(q, jnp.float32), jnp.zeros((B, 1, q.shape[-1]))], axis=1)
+    _, same = drafter_loss(dp, tp, cfg, tokens, pos, tk, tv, cross, window=4, target_logits=tl_same)
+    assert abs(float(same["kl"])) < 1e-5 and float(same["agree"]) == 1.0
+
+
+def test_distill_training_raises_agreement_and_exports_snapshots(tmp_path):
+    m = _tiny_model()
+    rng = np.random.default_rng(1)
+    stream = rng.integers(3, m.cfg.vocab_size, size=(6, 12))[rng.integers(0, 6, size=400)].reshape(-1)
+    kw = dict(model=m, tokens=stream, seed=0, objective="distill", eval_every=4, n_eval_chunks=2,
+              **{**_TRAIN, "steps": 12})
+    s = train_drafter(out=str(tmp_path / "run"), export_every=4, **kw)
+    recs = [json.loads(line) for line in open(s["log"])]
+    ev = [r for r in recs if "eval_agree" in r]
+    assert [r["step"] for r in ev] == [4, 8, 12]
+    assert ev[-1]["eval_kl"] < ev[0]["eval_kl"] and ev[-1]["eval_agree"] >= ev[0]["eval_agree"], ev
+    train = [r for r in recs if "kl" in r]
+    assert len(train) == 12 and np.mean([r["kl"] for r in train[-3:]]) < train[0]["kl"], train
+    snaps = sorted(os.listdir(tmp_path / "run" / "drafters"))
+    assert snaps == ["step_000004", "step_000008"]   # the last step is the run's own drafter/
+    # a snapshot is the run's state at that step: equal to a run stopped there
+    part = train_drafter(out=str(tmp_path / "part"), stop_at=8, **kw)
+    a = load_drafter(str(tmp_path / "run" / "drafters" / "step_000008"), dtype="float32")
+    b = load_drafter(part["drafter"], dtype="float32")
+    assert a.meta["step"] == 8 and a.meta["objective"] == "distill"
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+    with pytest.raises(ValueError, match="objective"):
+        train_drafter(out=str(tmp_path / "bad"), **{**kw, "objective": "kl"})
 
 
 def test_resume_continues_identically(tmp_path):

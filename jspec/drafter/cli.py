@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=None, help="seconds; stop with a checkpoint after that")
     p.add_argument("--no-anchor-offset", action="store_true", help="ablation: positions 0..T-1")
     p.add_argument("--no-noisy-xattn", action="store_true", help="ablation: fixed lag p = 1")
+    p.add_argument("--objective", default="ce", choices=["ce", "distill"],
+                   help="ce: the text's next token; distill: the target's next-token distribution (soft labels)")
+    p.add_argument("--export-every", type=int, default=0, help="bf16 snapshots to OUT/drafters/step_N (0: off)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -41,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len, lr=args.lr, warmup=args.warmup, window=args.window, seed=args.seed,
         resume=args.resume, overwrite=args.overwrite, log_every=args.log_every, ckpt_every=args.ckpt_every,
         eval_every=args.eval_every, time_limit_s=args.time_limit, anchor_offset=not args.no_anchor_offset,
-        noisy_xattn=not args.no_noisy_xattn, progress=not args.no_progress)
+        noisy_xattn=not args.no_noisy_xattn, progress=not args.no_progress,
+        objective=args.objective, export_every=args.export_every)
     print(json.dumps(summary, indent=1))
     return 0

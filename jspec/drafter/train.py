@@ -9,6 +9,7 @@ weight decay 0.1 on matrices, warmup + cosine, global-norm clip 1.
 Outputs under `out`:
     ckpt/<step>/          Orbax: float32 params + optimizer state + step (resumable)
     drafter/              the final block in bf16 (`load_drafter`)
+    drafters/step_<N>/    bf16 snapshots every `export_every` steps (tau vs training tokens)
     loss.jsonl            one JSON record per logged step (train) and per evaluation (eval_*)
     loss.png              loss vs step
     train_config.json     the run's settings (a resume checks they match)
@@ -38,7 +39,8 @@ from jspec.model import Tree, forward
 
 # Settings that must match between a run and its resumption (anything else may change, e.g. stop_at).
 _RESUME_KEYS = ("batch", "seq_len", "lr", "warmup", "steps", "seed", "window", "anchor_offset", "noisy_xattn",
-                "weight_decay", "n_eval_chunks", "data")
+                "weight_decay", "n_eval_chunks", "data", "objective")
+OBJECTIVES = ("ce", "distill")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,7 @@ class HParams:
     b1: float = 0.9
     b2: float = 0.95
     clip: float = 1.0
+    distill: bool = False
 
 
 def make_optimizer(hp: HParams, lr):
@@ -71,30 +74,49 @@ def lr_at(step: int, *, lr: float, warmup: int, steps: int, final_ratio: float =
     return lr * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def target_last_kv(tparams, cfg: ModelConfig, tokens, positions, *, impl: AttnImpl = AttnImpl(backend="xla")):
-    """The frozen target's last-layer K/V [B, T, K, H] for `tokens` at arbitrary `positions` int32[B, T].
+def target_last_kv(tparams, cfg: ModelConfig, tokens, positions, *, impl: AttnImpl = AttnImpl(backend="xla"),
+                   with_logits: bool = False):
+    """The frozen target's last-layer K/V [B, T, K, H] for `tokens` at arbitrary `positions` int32[B, T]
+    (and, with_logits, its next-token logits f32[B, T, V] at every row).
 
     jspec.model.forward places token t at position lengths + tree.depth[t] and lets it see the tree slots its
     mask allows; an empty cache, depth = positions and a lower-triangular mask is exactly a causal prefill
-    at anchor-offset positions, through the one forward path (no logits beyond one row are built).
+    at anchor-offset positions, through the one forward path (without logits, only one row is built).
     """
     B, T = tokens.shape
     cache = kv_cache.init(cfg, batch=B, capacity=T, dtype=tparams["embed"].dtype)
     causal = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
     tree = Tree(depth=positions.astype(jnp.int32), mask=causal)
-    _, cache, _ = forward(tparams, cfg, tokens, cache, logits_at=jnp.zeros((B, 1), jnp.int32), tree=tree, impl=impl)
-    return jax.lax.stop_gradient(cache.k[-1]), jax.lax.stop_gradient(cache.v[-1])
+    rows = None if with_logits else jnp.zeros((B, 1), jnp.int32)
+    logits, cache, _ = forward(tparams, cfg, tokens, cache, logits_at=rows, tree=tree, impl=impl)
+    kv = jax.lax.stop_gradient(cache.k[-1]), jax.lax.stop_gradient(cache.v[-1])
+    return (*kv, jax.lax.stop_gradient(logits)) if with_logits else kv
 
 
-def drafter_loss(dparams, tparams, cfg: ModelConfig, tokens, positions, target_k, target_v, cross_len, *, window):
-    """Mean next-token cross-entropy (and top-1 accuracy) of the drafter over rows 0 .. T-2."""
+def drafter_loss(dparams, tparams, cfg: ModelConfig, tokens, positions, target_k, target_v, cross_len, *, window,
+                 target_logits=None):
+    """Mean next-token cross-entropy of the drafter over rows 0 .. T-2, and metrics.
+
+    Against the text's next token, or, given target_logits f32[B, T, V], against the target's distribution
+    softmax(target_logits) at each row (soft cross-entropy = KL(target || drafter) + the target's entropy).
+    Metrics: `acc` (top-1 = text's next token); with target_logits also `agree` (top-1 = target's top-1) and
+    `kl`.
+    """
     logits = drafter_forward_train(dparams, tparams, cfg, tokens, positions, target_k, target_v, cross_len,
                                    window=window)[:, :-1]
     labels = tokens[:, 1:]
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    gold = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    acc = jnp.mean((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32))
-    return jnp.mean(logz - gold), acc
+    logq = jax.nn.log_softmax(logits, axis=-1)
+    ce = -jnp.mean(jnp.take_along_axis(logq, labels[..., None], axis=-1))
+    top = jnp.argmax(logits, axis=-1)
+    aux = {"ce": ce, "acc": jnp.mean((top == labels).astype(jnp.float32))}
+    if target_logits is None:
+        return ce, aux
+    logp = jax.nn.log_softmax(target_logits[:, :-1].astype(jnp.float32), axis=-1)
+    p = jnp.exp(logp)
+    soft_ce = -jnp.mean(jnp.sum(p * logq, axis=-1))
+    aux["kl"] = soft_ce + jnp.mean(jnp.sum(p * logp, axis=-1))
+    aux["agree"] = jnp.mean((top == jnp.argmax(logp, axis=-1)).astype(jnp.float32))
+    return soft_ce, aux
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "hp", "impl"))
@@ -102,22 +124,26 @@ def _train_step(dparams, opt_state, tparams, tokens, positions, lag, lr, *, cfg,
     import optax
 
     B, T = tokens.shape
-    tk, tv = target_last_kv(tparams, cfg, tokens, positions, impl=impl)   # once per batch, no gradient
+    # once per batch, no gradient
+    tk, tv, *tl = target_last_kv(tparams, cfg, tokens, positions, impl=impl, with_logits=hp.distill)
     cross_len = noisy_cross_len(B, T, lag)
-    (loss, acc), grads = jax.value_and_grad(drafter_loss, has_aux=True)(
-        dparams, tparams, cfg, tokens, positions, tk, tv, cross_len, window=hp.window)
+    (loss, aux), grads = jax.value_and_grad(drafter_loss, has_aux=True)(
+        dparams, tparams, cfg, tokens, positions, tk, tv, cross_len, window=hp.window,
+        target_logits=tl[0] if tl else None)
     updates, opt_state = make_optimizer(hp, lr).update(grads, opt_state, dparams)
     dparams = optax.apply_updates(dparams, updates)
-    return dparams, opt_state, {"loss": loss, "acc": acc, "grad_norm": optax.tree.norm(grads)}
+    return dparams, opt_state, {"loss": loss, **aux, "grad_norm": optax.tree.norm(grads)}
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "window", "impl"))
 def _eval_step(dparams, tparams, tokens, *, cfg, window, impl):
-    """Inference-like evaluation: contiguous positions, lag 1 (the first draft after a verification)."""
+    """Inference-like evaluation: contiguous positions, lag 1 (the first draft after a verification); text
+    cross-entropy, top-1 accuracy, and agreement / KL with the target whatever the training loss."""
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    tk, tv = target_last_kv(tparams, cfg, tokens, positions, impl=impl)
-    return drafter_loss(dparams, tparams, cfg, tokens, positions, tk, tv, noisy_cross_len(B, T, 1), window=window)
+    tk, tv, tl = target_last_kv(tparams, cfg, tokens, positions, impl=impl, with_logits=True)
+    return drafter_loss(dparams, tparams, cfg, tokens, positions, tk, tv, noisy_cross_len(B, T, 1), window=window,
+                        target_logits=tl)[1]
 
 
 def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None, out: str, steps: int = 1000,
@@ -128,7 +154,7 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
                   stop_at: Optional[int] = None, time_limit_s: Optional[float] = None,
                   tokens: Optional[np.ndarray] = None, stdlib_modules: Optional[Sequence[str]] = None,
                   token_cache: Optional[str] = None, attn_backend: Optional[str] = "xla",
-                  plot: bool = True) -> dict:
+                  objective: str = "ce", export_every: int = 0, plot: bool = True) -> dict:
     """Train the drafter block; resumable; exports the bf16 block to `out`/drafter.
 
     Args:
@@ -149,11 +175,15 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
       tokens: a pre-tokenized int32 stream, used instead of data_dir (tests, custom pipelines).
       token_cache: folder for the tokenized-text cache (default `out`).
       attn_backend: the target forward's attention ("xla", or None to try the Pallas kernels).
+      objective: "ce" (the text's next token) or "distill" (the target's next-token distribution, soft labels).
+      export_every: also save the bf16 block to out/drafters/step_<N> every that many steps (0: off).
     Returns:
       a summary dict: step, final loss, tokens/s, and the paths written.
     """
     from tqdm.auto import tqdm
 
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     mdl = _load_model(model)
     cfg, tparams = mdl.cfg, mdl.params
     if seq_len > cfg.max_position:
@@ -175,8 +205,9 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
     settings = dict(model=str(getattr(mdl, "path", model)), data=source, batch=batch, seq_len=seq_len, lr=lr,
                     warmup=warmup, steps=steps, seed=seed, window=window, anchor_offset=anchor_offset,
                     noisy_xattn=noisy_xattn, weight_decay=weight_decay, n_eval_chunks=n_eval_chunks,
+                    objective=objective,
                     train_tokens=int(train_chunks.size), eval_tokens=int(eval_chunks.size))
-    hp = HParams(window=window, weight_decay=weight_decay)
+    hp = HParams(window=window, weight_decay=weight_decay, distill=objective == "distill")
     sched = functools.partial(lr_at, lr=lr, warmup=warmup, steps=steps)
     impl = AttnImpl(backend=attn_backend)
 
@@ -246,7 +277,7 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
                               f"{_si(tps)} tok/s  eta {_hms(eta)}")
             do_eval = eval_every and len(eval_chunks) and (step % eval_every == 0 or step == steps)
             do_ckpt = (ckpt_every and step % ckpt_every == 0) or done
-            if do_eval or do_ckpt:
+            if do_eval or do_ckpt or (export_every and step % export_every == 0):
                 jax.block_until_ready(dparams)   # queued training steps belong to the training time
                 t_pause = time.perf_counter()
             if do_eval:
@@ -254,10 +285,14 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
                 log.write(json.dumps({"step": step, **ev}) + "\n")
                 log.flush()
                 if progress:
-                    bar.write(f"step {step}  eval_loss {ev['eval_loss']:.4f}  eval_acc {ev['eval_acc']:.3f}")
+                    bar.write(f"step {step}  eval_loss {ev['eval_loss']:.4f}  eval_acc {ev['eval_acc']:.3f}  "
+                              f"eval_agree {ev['eval_agree']:.3f}  eval_kl {ev['eval_kl']:.4f}")
             if do_ckpt:
                 _save(mngr, step, dparams, opt_state)
-            if do_eval or do_ckpt:
+            if export_every and step % export_every == 0 and step < steps:
+                save_drafter(os.path.join(out, "drafters", f"step_{step:06d}"), dparams, cfg, window=window,
+                             meta=dict(settings, step=step, tokens=step * tok_per_step))
+            if do_eval or do_ckpt or (export_every and step % export_every == 0):
                 paused += time.perf_counter() - t_pause
             if done:
                 break
@@ -276,14 +311,17 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
 
 
 def _evaluate(dparams, tparams, cfg, chunks, batch, window, impl) -> dict:
-    losses, accs, n = [], [], 0
+    """Row-weighted means over the held-out chunks: eval_loss (text cross-entropy), eval_acc, eval_agree,
+    eval_kl (see _eval_step)."""
+    sums, n = {}, 0
     for i in range(0, len(chunks), batch):
         rows = chunks[i:i + batch]
-        loss, acc = _eval_step(dparams, tparams, jnp.asarray(rows), cfg=cfg, window=window, impl=impl)
-        losses.append(float(loss) * len(rows))
-        accs.append(float(acc) * len(rows))
+        m = jax.device_get(_eval_step(dparams, tparams, jnp.asarray(rows), cfg=cfg, window=window, impl=impl))
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * len(rows)
         n += len(rows)
-    return {"eval_loss": sum(losses) / n, "eval_acc": sum(accs) / n}
+    name = {"ce": "eval_loss"}
+    return {name.get(k, "eval_" + k): v / n for k, v in sums.items()}
 
 
 def plot_loss(log_path: str, png_path: str) -> Optional[str]:
@@ -293,19 +331,31 @@ def plot_loss(log_path: str, png_path: str) -> Optional[str]:
     import matplotlib.pyplot as plt
 
     recs = [json.loads(line) for line in open(log_path) if line.strip()] if os.path.exists(log_path) else []
-    train = [(r["step"], r["loss"]) for r in recs if "loss" in r]
+    # text cross-entropy on both curves (a distilled run optimises the soft loss but logs "ce" too)
+    train = [(r["step"], r.get("ce", r["loss"])) for r in recs if "loss" in r]
     ev = [(r["step"], r["eval_loss"]) for r in recs if "eval_loss" in r]
+    agree = [(r["step"], r["eval_agree"]) for r in recs if "eval_agree" in r]
     if not train:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, 2 if agree else 1, figsize=(12 if agree else 7, 4), squeeze=False)
+    ax = axes[0, 0]
     ax.plot(*zip(*train), label="train (anchor-offset, noisy lag)", lw=1)
     if ev:
         ax.plot(*zip(*ev), "o-", label="held-out (contiguous, lag 1)", ms=3)
     ax.set_xlabel("step")
-    ax.set_ylabel("next-token cross-entropy")
+    ax.set_ylabel("next-token cross-entropy (text)")
     ax.set_title(f"LongSpec drafter training ({os.path.basename(os.path.dirname(os.path.abspath(log_path)))})")
     ax.grid(alpha=0.3)
     ax.legend()
+    if agree:
+        ax = axes[0, 1]
+        ax.plot(*zip(*agree), "o-", ms=3, label="top-1 = target's top-1 (greedy acceptance proxy)")
+        acc = [(r["step"], r["eval_acc"]) for r in recs if "eval_acc" in r]
+        ax.plot(*zip(*acc), "s--", ms=3, label="top-1 = text's next token")
+        ax.set_xlabel("step")
+        ax.set_ylabel("held-out top-1")
+        ax.grid(alpha=0.3)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
