@@ -64,6 +64,33 @@ def _label(spec):
     return f"longspec-{spec.mode}"
 
 
+def _profile_round(compiled, P, spec, prep, params, dparams, cache, logits, last, tokens, lens, key, top=15):
+    """One more greedy run of `spec` under jax.profiler: device time per round and the top kernels by device
+    time per round (names as the trace gives them: Pallas kernels by function name, XLA fusions by HLO name).
+    Returns (profile dict, cache rolled back to the prompt, logits)."""
+    import tempfile
+
+    from bench.profile_round import kernel_table, read_trace
+
+    state = compiled[("prepare", P, prep)](params, cache, logits, last, drafter=dparams, prompt_tokens=tokens)
+    jax.block_until_ready(state)
+    with tempfile.TemporaryDirectory() as td:
+        with jax.profiler.trace(td):
+            t0 = time.perf_counter()
+            out, _, st, final = compiled[("run", P, spec, 0.0)](params, state, key, drafter=dparams)
+            out.block_until_ready()
+            wall = time.perf_counter() - t0
+        trace = read_trace(td)
+    rounds = max(int(np.asarray(st.rounds).max()), 1)
+    tab, _ = kernel_table(trace, rounds) if trace else ({}, None)
+    rows = sorted(tab.items(), key=lambda kv: -kv[1][0])
+    prof = dict(rounds=rounds, wall_ms_per_round=round(1e3 * wall / rounds, 3),
+                device_ms_per_round=round(sum(v[0] for v in tab.values()) / 1e3, 3),
+                top_kernels=[dict(name=k[:100], us_per_round=round(v[0], 1), launches_per_round=round(v[1], 2))
+                             for k, v in rows[:top]])
+    return prof, kv_cache.rollback(final.cache, lens), final.logits
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "bench/results"), "longspec.json"))
@@ -88,6 +115,9 @@ def main():
     ap.add_argument("--corpus", default="/root/jspec-cache/heldout", help="dir of held-out *.txt prose")
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="wall-clock target: shapes (lowest priority first) are dropped when it would be exceeded")
+    ap.add_argument("--profile", default="",
+                    help="';'-separated trees to profile once more at the sweep shape (greedy) under jax.profiler: "
+                         "device time per round and its top kernels go to the summary")
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: one tiny shape, small trees")
     a = ap.parse_args()
@@ -197,7 +227,7 @@ def main():
     compile_s = time.perf_counter() - t_start
 
     # ---- run
-    records = []
+    records, profiles = [], {}
     for (L, B), cfgs in plan.items():
         if time.perf_counter() - t_start > 0.92 * a.budget_s and (L, B) != sweep:
             print(f"skipping L={L} B={B}: past {0.92 * a.budget_s:.0f} s of the --budget-s target", flush=True)
@@ -268,9 +298,22 @@ def main():
             print(json.dumps({k: rec.get(k) for k in ("label", "L", "B", "T", "widths", "group", "tau",
                                                       "tokens_per_s", "speedup_vs_ar", "speedup_vs_vegas",
                                                       "agree_with_ar")}), flush=True)
+        if (L, B) == sweep and a.profile:
+            for w in [_ints(x) for x in a.profile.split(";") if x]:
+                spec = longspec("tree", w)
+                if ("run", P, spec, 0.0) not in compiled:
+                    print(f"--profile {w}: not among the sweep shape's greedy trees, skipped", flush=True)
+                    continue
+                prof, cache, logits = _profile_round(compiled, P, spec, prep_spec(spec), params, dparams, cache,
+                                                     logits, last, tokens, lens, key)
+                profiles[",".join(map(str, w))] = prof
+                print(json.dumps({"profile": w, **{k: prof[k] for k in ("rounds", "device_ms_per_round")}}),
+                      flush=True)
         del cache, logits
 
     summary = _summary(records, sweep, widths)
+    if profiles:
+        summary["profile_L{}_B{}".format(*sweep)] = profiles
     st = cp.stats()
     summary.update(drafter=drafter_name, compile_s=round(compile_s, 1), programs=st["programs"],
                    compile_each_s_mean=st["compile_each_s_mean"],
