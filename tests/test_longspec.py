@@ -144,6 +144,21 @@ def test_compaction_leaves_plain_decodings_cache():
         np.testing.assert_allclose(ring.v[b][order], fresh.v[b][fresh_order], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("V,k,chunk", [(49152, 16, 1024), (5000, 4, 256), (3001, 16, 128), (700, 16, 256)])
+def test_top_k_chunked_equals_top_k(V, k, chunk):
+    from jspec.speculative.tree import top_k_chunked
+
+    rng = np.random.default_rng(V + k)
+    x = rng.standard_normal((3, 2, V)).astype(np.float32)
+    x[0, 0, rng.integers(0, V, 40)] = 2.5                   # ties across slices: lower index must win
+    x[1, 1, :] = np.round(x[1, 1, :])                       # many ties
+    x[2, 0, : V // 2] = -np.inf                             # masked entries
+    want_v, want_i = jax.lax.top_k(jnp.asarray(x), k)
+    got_v, got_i = top_k_chunked(jnp.asarray(x), k, chunk=chunk)
+    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+
+
 def test_tree_layout_and_greedy_growth():
     """Static layout, parents / ancestor masks of a grown tree, and the global top-w rule by cumulative log q."""
     widths = (2, 3)

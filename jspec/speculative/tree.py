@@ -79,6 +79,24 @@ def depths(widths) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------ growth
 
+def top_k_chunked(x, k: int, *, chunk: int = 1024):
+    """lax.top_k over the last axis in two exact stages: top-k of every `chunk`-wide slice, then top-k of those
+    candidates (the overall top-k lies among them). Same values and indices as lax.top_k, ties included (lower
+    index first at both stages). XLA's GPU TopK runs one thread block per row, so a few rows of a 49K vocab
+    leave the GPU idle (measured on the H200: 0.17-0.27 ms per tree level); slicing gives it V/chunk times the
+    rows. Falls back to lax.top_k when the row is short."""
+    V = x.shape[-1]
+    if V <= 2 * chunk or k > chunk:
+        return jax.lax.top_k(x, k)
+    n = -(-V // chunk)
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, n * chunk - V)]
+    xs = jnp.pad(x, pad, constant_values=-jnp.inf).reshape(*x.shape[:-1], n, chunk)
+    v1, i1 = jax.lax.top_k(xs, k)                                          # [..., n, k]
+    i1 = i1 + (jnp.arange(n, dtype=i1.dtype) * chunk)[:, None]
+    v2, j = jax.lax.top_k(v1.reshape(*x.shape[:-1], n * k), k)
+    return v2, jnp.take_along_axis(i1.reshape(*x.shape[:-1], n * k), j, axis=-1)
+
+
 def _top_children(logits, parent_score, w_next):
     """Greedy: the global top-w_next (node, token) pairs by cumulative log-probability.
 
@@ -87,7 +105,7 @@ def _top_children(logits, parent_score, w_next):
     m = min(w_next, V)
     cand = parent_score[:, :, None] + jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     # Per-parent top-m first: the global top-w_next is among them, and [B, w*V] is never sorted.
-    vals, toks = jax.lax.top_k(cand, m)                                     # [B, w, m]
+    vals, toks = top_k_chunked(cand, m)                                     # [B, w, m]
     score, flat = jax.lax.top_k(vals.reshape(B, w * m), w_next)             # [B, w_next]
     token = jnp.take_along_axis(toks.reshape(B, w * m), flat, axis=1)
     return token.astype(jnp.int32), (flat // m).astype(jnp.int32), score
