@@ -144,7 +144,8 @@ def test_compaction_leaves_plain_decodings_cache():
         np.testing.assert_allclose(ring.v[b][order], fresh.v[b][fresh_order], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("V,k,chunk", [(49152, 16, 1024), (5000, 4, 256), (3001, 16, 128), (700, 16, 256)])
+@pytest.mark.parametrize("V,k,chunk", [(49152, 16, 1024), (49152, 16, 0), (5000, 4, 256), (3001, 16, 128),
+                                        (700, 16, 256)])
 def test_top_k_chunked_equals_top_k(V, k, chunk):
     from jspec.speculative.tree import top_k_chunked
 
