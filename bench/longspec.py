@@ -315,6 +315,11 @@ def main():
     if profiles:
         summary["profile_L{}_B{}".format(*sweep)] = profiles
     st = cp.stats()
+    train = os.path.join(a.drafter, "summary.json")   # train_drafter.py's summary, kept with the checkpoint
+    if drafter_name != "random" and os.path.isfile(train):
+        with open(train) as f:
+            # the whole training script's wall time (tokenization, calibration, compiles, evals included)
+            summary["drafter_train_minutes"] = round(json.load(f)["wall_s"] / 60, 1)
     summary.update(drafter=drafter_name, compile_s=round(compile_s, 1), programs=st["programs"],
                    compile_each_s_mean=st["compile_each_s_mean"],
                    wall_s=round(time.perf_counter() - t_start, 1), skipped=skipped)
