@@ -82,14 +82,16 @@ def _widths(text: str) -> tuple:
 def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: int = 2048, batch: int = 1,
              max_new_tokens: int = 64, method: str = "vegas", ratios=None, gammas=None, gamma0=None,
              plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
-             jobs=None, out: str = "tune.json", progress: bool = True) -> dict:
-    """Vegas' three-stage tuning (jspec/speculative/tune.py) on `model`; writes the chosen config to `out`."""
+             jobs=None, out: str = "tune.json", progress: bool = True, trees=None, drafter=None) -> dict:
+    """Vegas' three-stage tuning, or LongSpec's draft-shape search (jspec/speculative/tune.py) on `model`;
+    writes the chosen config to `out`."""
     import jspec
     from jspec.attention import AttnImpl
-    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, tune
+    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, DEFAULT_TREES, tune
 
     ratios = _numbers(ratios, float, "--ratios") if ratios is not None else DEFAULT_RATIOS
     gammas = _numbers(gammas, int, "--gammas") if gammas is not None else DEFAULT_GAMMAS
+    trees = [_numbers(t, int, "--trees") for t in trees.split(";") if t.strip()] if trees is not None else DEFAULT_TREES
     m = jspec.load(model) if devices == 1 else jspec.load(model, devices=devices)
     prompts = None
     if prompt_file is not None:
@@ -98,7 +100,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: in
     return tune(m, prompts=prompts, prompt_tokens=prompt_tokens, batch=batch, max_new_tokens=max_new_tokens,
                 method=method, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
                 min_tokens=min_tokens, reps=reps, impl=AttnImpl(backend=backend), jobs=jobs, progress=progress,
-                out=out)
+                out=out, trees=trees, drafter=drafter)
 
 
 def _numbers(text: str, kind, flag: str) -> list:
@@ -166,10 +168,15 @@ def main(argv=None):
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", dest="as_json")
 
-    u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma -> a config JSON for "
-                                    "`generate --config`")
+    u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma (streaming/quest/vegas), or "
+                                    "LongSpec's draft-shape search -> a config JSON for `generate --config`")
     u.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    u.add_argument("--method", default="vegas", help="speculative method to tune (default vegas)")
+    u.add_argument("--method", default="vegas", help="speculative method to tune: streaming, quest, vegas "
+                                                     "(default) or longspec")
+    u.add_argument("--trees", default=None,
+                   help="longspec: candidate widths per level, ';'-separated (all ones = a chain; default "
+                        "1,1,1,1,1;2,4,4,4;4,8,8,8,8;4,16,16,16,16;8,32,32,32)")
+    u.add_argument("--drafter", default=None, help="longspec: drafter directory (default: the bundled one)")
     u.add_argument("--prompt-file", default=None, help="tune on this text (default: long stdlib documents)")
     u.add_argument("--prompt-tokens", type=int, default=2048, help="length of the default stdlib prompts")
     u.add_argument("--batch", type=int, default=1)

@@ -271,3 +271,36 @@ def test_tune_rejects_bad_arguments(tiny, tmp_path, capsys):
         tune(tiny, prompts=[[5] * 250], max_new_tokens=10, progress=False)
     assert cli.main(["tune", "--ratios", "0.1,abc"]) == 2
     assert "--ratios must be a comma-separated list of float" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ LongSpec draft shapes
+
+def test_tune_longspec_keeps_the_fastest_shape_and_stays_lossless(tiny, tmp_path, capsys):
+    from jspec.drafter import Drafter, init_drafter_params
+
+    drafter = Drafter(params=init_drafter_params(tiny.cfg, jax.random.key(3), target_params=tiny.params),
+                      cfg=tiny.cfg, window=16, meta={})
+    path, lines = tmp_path / "ls.json", []
+    trees = [(1, 1, 1), (2, 2, 2)]
+    res = tune(tiny, method="longspec", trees=trees, drafter=drafter, prompt_tokens=40, batch=2, max_new_tokens=6,
+               reps=1, progress=False, log=lines.append, out=str(path))
+    ms = res["measurements"]
+    assert [m["tree_widths"] for m in ms] == [[1, 1, 1], [2, 2, 2]] and [m["mode"] for m in ms] == ["chain", "tree"]
+    assert all(m["tau"] >= 1.0 and m["tokens_per_s"] > 0 for m in ms)
+    best = max(ms, key=lambda m: m["tokens_per_s"])
+    assert res["tokens_per_s"] == best["tokens_per_s"] and res["mode"] == best["mode"] and res["gamma"] == 3
+    if best["mode"] == "tree":
+        assert list(res["tree_widths"]) == [2, 2, 2]
+    assert json.loads(path.read_text()) == json.loads(json.dumps(res))
+    assert sum(ln.startswith(("chain", "tree ")) for ln in lines) == 2 and lines[-1].startswith("chosen:")
+    spec = SpecConfig(**read_config(str(path)))
+    assert (spec.method, spec.mode, spec.gamma, spec.window) == ("longspec", res["mode"], 3, 16)
+    # the tuned config decodes exactly what plain greedy decoding does
+    prompts = ["tune the tree", "and its batch"]
+    out = jspec.generate(tiny, prompts, config=str(path), drafter=drafter, max_new_tokens=6, ignore_eos=True)
+    ar = jspec.generate(tiny, prompts, method="ar", max_new_tokens=6, ignore_eos=True)
+    assert out.tokens == ar.tokens
+    with pytest.raises(jspec.InputError, match="non-empty list of integers >= 1"):
+        tune(tiny, method="longspec", trees=[(2, 0)], drafter=drafter, progress=False)
+    assert cli.main(["tune", "--method", "longspec", "--trees", "1,x"]) == 2
+    assert "--trees must be a comma-separated list of int" in capsys.readouterr().err

@@ -18,6 +18,12 @@ its first run compiles and warms up, and the fastest of `reps` timed runs counts
 
 The JSON holds the SpecConfig fields (method, gamma, budget, ratio, min_tokens, max_tokens, score_mode,
 collect), the measurements and where they were taken (model, prompt_tokens, batch, device, jax version).
+
+LongSpec has no ratio: `tune(model, method="longspec")` measures each candidate draft shape (`trees`: tree
+widths per level; all-ones widths run as a chain) with the same harness and keeps the fastest. Which shape
+wins depends on the batch: on the H200 at L=8000 a 68-node tree is fastest at B=1, where a round is
+launch-bound, while at B=16 tree verification's attention is compute-bound and small trees or a chain win
+(README, "LongSpec decoding").
 `budget` is the static selection width: ceil(ratio * (prompt + new tokens)), so the ratio rule is not capped
 by it for contexts up to the tuned length.
 """
@@ -44,7 +50,9 @@ DEFAULT_RATIOS = (0.01, 0.02, 0.05, 0.1, 0.2)
 DEFAULT_GAMMAS = (2, 3, 4, 6, 8)
 GREEDY = SamplingConfig()
 
-TUNABLE = ("streaming", "quest", "vegas")   # the methods with a budget ratio to tune
+TUNABLE = ("streaming", "quest", "vegas", "longspec")
+# LongSpec draft shapes tried by default: a chain, then trees from 14 to 104 nodes.
+DEFAULT_TREES = ((1, 1, 1, 1, 1), (2, 4, 4, 4), (4, 8, 8, 8, 8), (4, 16, 16, 16, 16), (8, 32, 32, 32))
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -128,6 +136,7 @@ def search(measure: Callable[[SpecConfig], tuple[float, float]], make_spec: Call
 
 def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_new_tokens: int = 64,
          method: str = "vegas", ratios: Sequence[float] = DEFAULT_RATIOS, gammas: Sequence[int] = DEFAULT_GAMMAS,
+         trees: Sequence[Sequence[int]] = DEFAULT_TREES, drafter=None,
          gamma0: Optional[int] = None, plateau_tol: float = 0.02, min_tokens: Optional[int] = None,
          score_mode: str = "weights", collect: str = "c2q", reps: int = 2, impl: AttnImpl = AttnImpl(),
          jobs: Optional[int] = None, seed: int = 0, progress: bool = True,
@@ -140,6 +149,8 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
       ratios, gammas, gamma0, plateau_tol: the search grid and stage-1 rule (`search`).
       min_tokens: lower clamp of the ratio rule; default min(256, ceil(min(ratios) * shortest prompt)), so the
         smallest candidate ratio is not clamped away.
+      trees, drafter: LongSpec only: the candidate draft shapes (widths per level; all ones = a chain of that
+        length) and the drafter (a `jspec.drafter.Drafter`, its directory, or None for the bundled one).
       reps: timed runs per config after one warm-up run; the fastest counts.
       jobs: configs compiled in parallel ahead of their measurement (default min(4, CPU cores / 4); 1: each
         compiles in its warm-up run); every compile finishes before the next timed run starts, so timings
@@ -159,14 +170,26 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         raise InputError(f"unknown speculative method {method!r} for tuning; available: {', '.join(TUNABLE)}")
     if reps < 1:
         raise InputError(f"reps={reps} must be >= 1")
-    if not ratios or not gammas:
-        raise InputError("need at least one candidate ratio and one candidate gamma")
-    for r in ratios:
-        if not 0.0 < float(r) <= 1.0:
-            raise InputError(f"ratio {r} must be in (0, 1]")
-    for g in gammas:
-        if int(g) < 1:
-            raise InputError(f"gamma {g} must be >= 1")
+    longspec = method == "longspec"
+    if longspec:
+        trees = [tuple(int(w) for w in t) for t in trees]
+        if not trees:
+            raise InputError("need at least one candidate tree")
+        for t in trees:
+            if not t or min(t) < 1:
+                raise InputError(f"tree widths {list(t)} must be a non-empty list of integers >= 1")
+        drafter_path = os.path.abspath(os.fspath(drafter)) if isinstance(drafter, (str, os.PathLike)) else (
+            api.bundled_drafter_dir(model) if drafter is None else None)
+        drafter = api.load_drafter_for(model, drafter)
+    else:
+        if not ratios or not gammas:
+            raise InputError("need at least one candidate ratio and one candidate gamma")
+        for r in ratios:
+            if not 0.0 < float(r) <= 1.0:
+                raise InputError(f"ratio {r} must be in (0, 1]")
+        for g in gammas:
+            if int(g) < 1:
+                raise InputError(f"gamma {g} must be >= 1")
     cfg = model.cfg
     if prompts is None:
         from jspec import data
@@ -175,14 +198,17 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         prompts = [prompts] * batch
     ids = api.encode(model, prompts)
     lengths = np.array([len(p) for p in ids], np.int32)
-    B, g_max = len(ids), max(int(g) for g in gammas)
+    B = len(ids)
+    g_max = max(sum(t) for t in trees) if longspec else max(int(g) for g in gammas)
     context = int(lengths.max(initial=0)) + max_new_tokens
     if context > cfg.max_position:
         raise InputError(f"prompt + new tokens ({context}) exceed the model's context of {cfg.max_position}")
     capacity = -(-(context + g_max + 1) // 128) * 128
     gen.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens, vocab_size=cfg.vocab_size,
                       tokens=np.concatenate([np.asarray(p) for p in ids]))
-    if min_tokens is None:
+    if longspec:
+        pass
+    elif min_tokens is None:
         min_tokens = min(256, max(1, math.ceil(min(ratios) * int(lengths.min()))))
         if method == "streaming":
             min_tokens = max(min_tokens, SpecConfig.sink)
@@ -196,7 +222,15 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         except TypeError as e:
             raise InputError(f"bad speculative option: {e}") from None
 
-    make_spec(min(ratios), min(gammas))   # bad knobs fail before the prefill, not after minutes of it
+    def tree_spec(widths: tuple) -> SpecConfig:
+        chain = max(widths) == 1
+        return SpecConfig(method="longspec", mode="chain" if chain else "tree", gamma=len(widths),
+                          tree_widths=widths if not chain else SpecConfig.tree_widths, window=drafter.window)
+
+    if longspec:
+        [tree_spec(t) for t in trees]   # bad shapes fail before the prefill
+    else:
+        make_spec(min(ratios), min(gammas))   # bad knobs fail before the prefill, not after minutes of it
 
     impl = api.attn_impl(model, impl)
     params = model.params
@@ -207,6 +241,9 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
                                 impl=impl)
     box = {"cache": cache, "logits": logits}
     key = jax.random.key(seed)
+    # LongSpec's prepare also reads the prompt (the drafter's own prefill); both calls take the drafter.
+    prep_kw = dict(drafter=drafter.params, prompt_tokens=tokens) if longspec else {}
+    run_kw = dict(drafter=drafter.params) if longspec else {}
 
     # XLA's CPU compiler is itself multi-threaded: parallel compiles only pay with cores to spare.
     jobs = max(1, jobs or min(4, (os.cpu_count() or 1) // 4))
@@ -215,15 +252,15 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     def compile_one(spec: SpecConfig):
         # Compiling ahead of time fills the jit caches, so `measure`'s ordinary calls find the programs.
         prep = engine.prepare.lower(params, cfg, spec, kv_cache.rollback(box["cache"], lens), box["logits"], last,
-                                    impl=impl).compile()
+                                    impl=impl, **prep_kw).compile()
         if model.mesh is None:   # single device: plain avals are what a call with the real state looks up
-            state = jax.eval_shape(lambda c, lg: engine._prepare(params, cfg, spec, c, lg, last, impl),
-                                   kv_cache.rollback(box["cache"], lens), box["logits"])
+            state = jax.eval_shape(lambda c, lg, kw: engine._prepare(params, cfg, spec, c, lg, last, impl, **kw),
+                                   kv_cache.rollback(box["cache"], lens), box["logits"], prep_kw)
         else:                    # sharded: the layout prepare's program gives the state
             state = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding),
                                  prep.out_info)
         engine.run_donating.lower(params, cfg, spec, GREEDY, state, key, max_new_tokens, stop_tokens=(),
-                                  impl=impl).compile()
+                                  impl=impl, **run_kw).compile()
 
     def precompile(specs: list) -> None:
         if pool is not None and len(specs) > 1:
@@ -234,11 +271,11 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         times = []
         for rep in range(reps + 1):    # rep 0 compiles and warms up: not timed
             state = engine.prepare(params, cfg, spec, kv_cache.rollback(box["cache"], lens), box["logits"], last,
-                                   impl=impl)
+                                   impl=impl, **prep_kw)
             jax.block_until_ready(state)
             t = time.perf_counter()
             toks, n_out, stats, final = engine.run_donating(params, cfg, spec, GREEDY, state, key, max_new_tokens,
-                                                            stop_tokens=(), impl=impl)
+                                                            stop_tokens=(), impl=impl, **run_kw)
             jax.block_until_ready((toks, n_out, stats))
             dt = time.perf_counter() - t
             box["cache"], box["logits"] = final.cache, final.logits   # the donated buffers, for the next run
@@ -248,6 +285,14 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         produced = int(np.maximum(np.asarray(n_out) - 1, 0).sum())
         return stats.tau(), produced / max(min(times), 1e-9)
 
+    if longspec:
+        try:
+            return _tune_trees(trees, tree_spec, measure, precompile, jobs=jobs, pool=pool, progress=progress,
+                               log=log, out=out, model=model, lengths=lengths, batch=B,
+                               max_new_tokens=max_new_tokens, reps=reps, drafter_path=drafter_path)
+        finally:
+            if pool is not None:
+                pool.shutdown()
     n_ratios, n_gammas = len(set(ratios)), len(set(gammas))
     bar = tqdm(total=n_ratios + n_gammas - 1 + 4, desc=f"tune {method}", unit="config", disable=not progress)
     say = log if log is not None else tqdm.write
@@ -284,6 +329,46 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     if out:
         write_config(out, result)
     say(f"chosen: ratio {best.ratio:.4g}, gamma {best.gamma}, budget {best.budget}: tau {chosen['tau']:.3f}, "
+        f"{chosen['tokens_per_s']:.1f} tok/s" + (f" -> {out}" if out else ""))
+    return result
+
+
+def _tune_trees(trees, tree_spec, measure, precompile, *, jobs, pool, progress, log, out, model, lengths, batch,
+                max_new_tokens, reps, drafter_path) -> dict:
+    """LongSpec: measure every candidate draft shape (compiled `jobs` at a time ahead of timing) and keep the
+    fastest; ties go to the shape listed first."""
+    from tqdm.auto import tqdm
+
+    say = log if log is not None else tqdm.write
+    records = []
+    with tqdm(total=len(trees), desc="tune longspec", unit="shape", disable=not progress) as bar:
+        for i in range(0, len(trees), max(1, jobs)):
+            group = trees[i:i + max(1, jobs)]
+            precompile([tree_spec(t) for t in group])
+            for t in group:
+                spec = tree_spec(t)
+                tau, tps = measure(spec)
+                rec = {"tree_widths": list(t), "mode": spec.mode, "nodes": sum(t), "tau": float(tau),
+                       "tokens_per_s": float(tps)}
+                records.append(rec)
+                bar.update(1)
+                say(f"{spec.mode:<5s} {','.join(map(str, t)):<16s} nodes {sum(t):<4d} tau {tau:6.3f}  "
+                    f"{tps:9.1f} tok/s")
+    best_i = max(range(len(records)), key=lambda i: (records[i]["tokens_per_s"], -i))
+    best, chosen = tree_spec(trees[best_i]), records[best_i]
+    d = jax.devices()[0]
+    result = {
+        **dataclasses.asdict(best),
+        "tau": chosen["tau"], "tokens_per_s": chosen["tokens_per_s"], "measurements": records,
+        "model": model.path, "drafter": drafter_path,
+        "prompt_tokens": int(lengths.max()), "batch": batch, "max_new_tokens": max_new_tokens, "reps": reps,
+        "trees": [list(t) for t in trees],
+        "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",
+        "devices": 1 if model.mesh is None else int(model.mesh.size), "jax": jax.__version__,
+    }
+    if out:
+        write_config(out, result)
+    say(f"chosen: {best.mode} {','.join(map(str, trees[best_i]))}: tau {chosen['tau']:.3f}, "
         f"{chosen['tokens_per_s']:.1f} tok/s" + (f" -> {out}" if out else ""))
     return result
 
