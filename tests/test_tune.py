@@ -164,6 +164,10 @@ def test_tune_writes_a_consistent_config(tuned):
     assert res["min_tokens"] <= 0.1 * TUNE_ARGS["prompt_tokens"]
     assert (res["prompt_tokens"], res["batch"], res["model"]) == (40, 2, "tiny")
     assert res["device"].startswith("cpu") and res["jax"] == jax.__version__
+    # ar timed on the same prompts, and the chosen config's ratio to it
+    assert res["ar_tokens_per_s"] > 0 and res["speedup_vs_ar"] == pytest.approx(res["tokens_per_s"] /
+                                                                               res["ar_tokens_per_s"])
+    assert lines[0].startswith("ar (plain greedy decoding") and f"{res['speedup_vs_ar']:.2f}x ar" in lines[-1]
     # One progress line per measured config, with its numbers.
     per_config = [ln for ln in lines if ln.startswith("stage")]
     assert len(per_config) == len(ms)
@@ -293,6 +297,8 @@ def test_tune_longspec_keeps_the_fastest_shape_and_stays_lossless(tiny, tmp_path
         assert list(res["tree_widths"]) == [2, 2, 2]
     assert json.loads(path.read_text()) == json.loads(json.dumps(res))
     assert sum(ln.startswith(("chain", "tree ")) for ln in lines) == 2 and lines[-1].startswith("chosen:")
+    assert lines[0].startswith("ar (plain") and res["speedup_vs_ar"] == pytest.approx(res["tokens_per_s"] /
+                                                                                      res["ar_tokens_per_s"])
     spec = SpecConfig(**read_config(str(path)))
     assert (spec.method, spec.mode, spec.gamma, spec.window) == ("longspec", res["mode"], 3, 16)
     # the tuned config decodes exactly what plain greedy decoding does
@@ -304,3 +310,11 @@ def test_tune_longspec_keeps_the_fastest_shape_and_stays_lossless(tiny, tmp_path
         tune(tiny, method="longspec", trees=[(2, 0)], drafter=drafter, progress=False)
     assert cli.main(["tune", "--method", "longspec", "--trees", "1,x"]) == 2
     assert "--trees must be a comma-separated list of int" in capsys.readouterr().err
+
+
+def test_the_chosen_line_says_when_plain_decoding_is_faster():
+    from jspec.speculative.tune import _ar_note, _vs_ar
+
+    assert _vs_ar(80.0, 100.0) == {"ar_tokens_per_s": 100.0, "speedup_vs_ar": 0.8} and _vs_ar(80.0, None) == {}
+    assert "0.80x ar" in _ar_note({"speedup_vs_ar": 0.8}) and "plain decoding is faster" in _ar_note({"speedup_vs_ar": 0.8})
+    assert _ar_note({"speedup_vs_ar": 1.25}) == " (1.25x ar)" and _ar_note({}) == ""

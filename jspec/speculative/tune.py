@@ -136,7 +136,7 @@ def search(measure: Callable[[SpecConfig], tuple[float, float]], make_spec: Call
 
 def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_new_tokens: int = 64,
          method: str = "vegas", ratios: Sequence[float] = DEFAULT_RATIOS, gammas: Sequence[int] = DEFAULT_GAMMAS,
-         trees: Sequence[Sequence[int]] = DEFAULT_TREES, drafter=None,
+         trees: Sequence[Sequence[int]] = DEFAULT_TREES, drafter=None, baseline: bool = True,
          gamma0: Optional[int] = None, plateau_tol: float = 0.02, min_tokens: Optional[int] = None,
          score_mode: str = "weights", collect: str = "c2q", reps: int = 2, impl: AttnImpl = AttnImpl(),
          jobs: Optional[int] = None, seed: int = 0, progress: bool = True,
@@ -149,6 +149,8 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
       ratios, gammas, gamma0, plateau_tol: the search grid and stage-1 rule (`search`).
       min_tokens: lower clamp of the ratio rule; default min(256, ceil(min(ratios) * shortest prompt)), so the
         smallest candidate ratio is not clamped away.
+      baseline: also time plain greedy decoding (ar) on the same prompts: the result gets `ar_tokens_per_s` and
+        `speedup_vs_ar`, and a note is printed when no candidate beats ar.
       trees, drafter: LongSpec only: the candidate draft shapes (widths per level; all ones = a chain of that
         length) and the drafter (a `jspec.drafter.Drafter`, its directory, or None for the bundled one).
       reps: timed runs per config after one warm-up run; the fastest counts.
@@ -285,17 +287,34 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         produced = int(np.maximum(np.asarray(n_out) - 1, 0).sum())
         return stats.tau(), produced / max(min(times), 1e-9)
 
+    def measure_ar() -> float:
+        times = []
+        for rep in range(reps + 1):    # rep 0 compiles and warms up: not timed
+            c = kv_cache.rollback(box["cache"], lens)
+            t = time.perf_counter()
+            toks, n_out, c = gen.decode(params, cfg, GREEDY, c, box["logits"], key, max_new_tokens=max_new_tokens,
+                                        stop_tokens=(), impl=impl)
+            jax.block_until_ready((toks, n_out))
+            dt = time.perf_counter() - t
+            box["cache"] = c
+            if rep:
+                times.append(dt)
+        return int(np.maximum(np.asarray(n_out) - 1, 0).sum()) / max(min(times), 1e-9)
+
     if longspec:
         try:
+            say = log if log is not None else tqdm.write
+            ar_tps = _measure_ar(measure_ar, say) if baseline else None
             return _tune_trees(trees, tree_spec, measure, precompile, jobs=jobs, pool=pool, progress=progress,
                                log=log, out=out, model=model, lengths=lengths, batch=B,
-                               max_new_tokens=max_new_tokens, reps=reps, drafter_path=drafter_path)
+                               max_new_tokens=max_new_tokens, reps=reps, drafter_path=drafter_path, ar_tps=ar_tps)
         finally:
             if pool is not None:
                 pool.shutdown()
     n_ratios, n_gammas = len(set(ratios)), len(set(gammas))
-    bar = tqdm(total=n_ratios + n_gammas - 1 + 4, desc=f"tune {method}", unit="config", disable=not progress)
     say = log if log is not None else tqdm.write
+    ar_tps = _measure_ar(measure_ar, say) if baseline else None
+    bar = tqdm(total=n_ratios + n_gammas - 1 + 4, desc=f"tune {method}", unit="config", disable=not progress)
 
     def on_measure(rec):
         bar.update(1)
@@ -325,16 +344,17 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         "plateau_tol": plateau_tol, "reps": reps,
         "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",
         "devices": 1 if model.mesh is None else int(model.mesh.size), "jax": jax.__version__,
+        **_vs_ar(chosen["tokens_per_s"], ar_tps),
     }
     if out:
         write_config(out, result)
     say(f"chosen: ratio {best.ratio:.4g}, gamma {best.gamma}, budget {best.budget}: tau {chosen['tau']:.3f}, "
-        f"{chosen['tokens_per_s']:.1f} tok/s" + (f" -> {out}" if out else ""))
+        f"{chosen['tokens_per_s']:.1f} tok/s" + _ar_note(result) + (f" -> {out}" if out else ""))
     return result
 
 
 def _tune_trees(trees, tree_spec, measure, precompile, *, jobs, pool, progress, log, out, model, lengths, batch,
-                max_new_tokens, reps, drafter_path) -> dict:
+                max_new_tokens, reps, drafter_path, ar_tps) -> dict:
     """LongSpec: measure every candidate draft shape (compiled `jobs` at a time ahead of timing) and keep the
     fastest; ties go to the shape listed first."""
     from tqdm.auto import tqdm
@@ -365,12 +385,35 @@ def _tune_trees(trees, tree_spec, measure, precompile, *, jobs, pool, progress, 
         "trees": [list(t) for t in trees],
         "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",
         "devices": 1 if model.mesh is None else int(model.mesh.size), "jax": jax.__version__,
+        **_vs_ar(chosen["tokens_per_s"], ar_tps),
     }
     if out:
         write_config(out, result)
     say(f"chosen: {best.mode} {','.join(map(str, trees[best_i]))}: tau {chosen['tau']:.3f}, "
-        f"{chosen['tokens_per_s']:.1f} tok/s" + (f" -> {out}" if out else ""))
+        f"{chosen['tokens_per_s']:.1f} tok/s" + _ar_note(result) + (f" -> {out}" if out else ""))
     return result
+
+
+def _measure_ar(measure_ar, say) -> float:
+    tps = measure_ar()
+    say(f"ar (plain greedy decoding, the baseline): {tps:9.1f} tok/s")
+    return tps
+
+
+def _vs_ar(tps: float, ar_tps: Optional[float]) -> dict:
+    if ar_tps is None:
+        return {}
+    return {"ar_tokens_per_s": ar_tps, "speedup_vs_ar": tps / ar_tps if ar_tps > 0 else None}
+
+
+def _ar_note(result: dict) -> str:
+    x = result.get("speedup_vs_ar")
+    if x is None:
+        return ""
+    note = f" ({x:.2f}x ar)"
+    if x < 1.0:
+        note += "; NOTE: plain decoding is faster at this batch and context (generate --method ar)"
+    return note
 
 
 # ------------------------------------------------------------------------------------------ config files
