@@ -75,7 +75,11 @@ def _shape(s):
 
 def prompt_sources(corpus):
     """(code texts, prose texts or None): the CODE_MODULES present, and the *.txt files under `corpus` (each cut
-    to 400K characters to bound tokenizing time) when that folder exists."""
+    to 400K characters to bound tokenizing time) when that folder exists.
+
+    On a GPU a missing prose folder is an error (a whole H200 grid once ran on code rows alone because the
+    prose was not staged, and its tau was not comparable with the grids before it); set
+    JSPEC_BENCH_CODE_ONLY=1 to run on code rows on purpose. On the CPU (smoke tests) it falls back quietly."""
     code = []
     for mod in CODE_MODULES:
         try:
@@ -88,6 +92,9 @@ def prompt_sources(corpus):
             prose = [t[:400_000] for t in data.read_dir(corpus, exts=(".txt",))]
         except FileNotFoundError:
             prose = None
+    if prose is None and jax.default_backend() != "cpu" and os.environ.get("JSPEC_BENCH_CODE_ONLY") != "1":
+        raise SystemExit(f"error: no prose *.txt under --corpus {corpus!r}: stage the held-out texts there "
+                         f"(../shared/gpu/README.md), or set JSPEC_BENCH_CODE_ONLY=1 to run on code rows only")
     return code, prose
 
 
@@ -168,7 +175,7 @@ def main():
     ap.add_argument("--reps", type=int, default=2, help="timed runs per config (the fastest is kept)")
     ap.add_argument("--split-reps", type=int, default=7)
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 4), help="parallel compiles")
-    ap.add_argument("--corpus", default="/root/jspec-cache/corpus", help="dir of *.txt prose (skipped if absent)")
+    ap.add_argument("--corpus", default="/root/jspec-cache/corpus", help="dir of *.txt prose (required on a GPU unless JSPEC_BENCH_CODE_ONLY=1)")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="wall-clock target: shapes (lowest priority first) are dropped when it would be exceeded")
     ap.add_argument("--plan-only", action="store_true", help="print the shapes and configs, then exit")
