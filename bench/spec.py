@@ -175,7 +175,8 @@ def main():
     ap.add_argument("--reps", type=int, default=2, help="timed runs per config (the fastest is kept)")
     ap.add_argument("--split-reps", type=int, default=7)
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 4), help="parallel compiles")
-    ap.add_argument("--corpus", default="/root/jspec-cache/corpus", help="dir of *.txt prose (required on a GPU unless JSPEC_BENCH_CODE_ONLY=1)")
+    ap.add_argument("--corpus", default="/root/jspec-cache/corpus",
+                    help="dir of *.txt prose (required on a GPU unless JSPEC_BENCH_CODE_ONLY=1)")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="wall-clock target: shapes (lowest priority first) are dropped when it would be exceeded")
     ap.add_argument("--plan-only", action="store_true", help="print the shapes and configs, then exit")
