@@ -27,11 +27,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import base_record, write_json  # noqa: E402
-from bench.spec import GREEDY, _CachedTokenizer, _median_time, _pieces, _shape, make_prompts, prompt_sources  # noqa: E402
+from bench.spec import (GREEDY, _CachedTokenizer, _median_time, _pieces, _shape, make_prompts,  # noqa: E402
+                        method_spec, prompt_sources)
 import jspec  # noqa: E402
 from jspec import api, decoding as gen, kv_cache, model  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
-from jspec.speculative import SpecConfig, engine  # noqa: E402
+from jspec.speculative import engine  # noqa: E402
 
 
 def read_trace(trace_dir):
@@ -101,7 +102,7 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--impl", default="pallas", choices=["xla", "pallas", "auto"])
     ap.add_argument("--shape", default="8000x64")
-    ap.add_argument("--methods", default="vegas,streaming")
+    ap.add_argument("--methods", default="vegas,streaming", help="also vegas-select (threshold-search top-k)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--reps", type=int, default=9)
@@ -154,7 +155,7 @@ def main():
     pieces["ar_step"] = run_ar
     states = {}
     for name in a.methods.split(","):
-        spec = SpecConfig(name, gamma=a.gamma, budget=a.budget)
+        spec = method_spec(name, gamma=a.gamma, budget=a.budget)
         draft, verify, select = _pieces(cfg, spec, impl)
         st = {"state": engine.prepare(params, cfg, spec, fresh(cache), logits, last, impl=impl)}
         states[name] = st
@@ -195,7 +196,7 @@ def main():
 
         pieces["ar_loop"] = ar_loop
         for name in a.methods.split(","):
-            spec = SpecConfig(name, gamma=a.gamma, budget=a.budget)
+            spec = method_spec(name, gamma=a.gamma, budget=a.budget)
             mbox = {"cache": fresh(cache)}
 
             def setup(spec=spec, mbox=mbox):

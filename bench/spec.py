@@ -163,7 +163,8 @@ def main():
     ap.add_argument("--impl", default="xla", choices=["xla", "pallas", "auto"])
     ap.add_argument("--lengths", default="8000,4096,2048")
     ap.add_argument("--batches", default="64,16,1")
-    ap.add_argument("--methods", default="streaming,quest,vegas")
+    ap.add_argument("--methods", default="streaming,quest,vegas",
+                    help="comma-separated; vegas-select = vegas with the threshold-search top-k kernel")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=512, help="KV slots of every method's draft selection")
@@ -213,7 +214,7 @@ def main():
     pkey = (lambda L, B: (B,)) if share else (lambda L, B: (L, B))
 
     def spec_of(method, gamma=a.gamma, budget=a.budget, **kw):
-        return SpecConfig(method, gamma=gamma, budget=budget, page_size=a.page_size, **kw)
+        return method_spec(method, gamma=gamma, budget=budget, page_size=a.page_size, **kw)
 
     # ---- the plan: shapes in priority order, each with its configs (group, SpecConfig or None for ar)
     shapes = [(L, B) for L in Ls for B in Bs]
@@ -361,7 +362,7 @@ def main():
                 rounds = np.asarray(st.rounds)
                 same = (out == ar_out).all(1)
                 prefix = np.where(same, a.new, (out != ar_out).argmax(1))
-                rec.update(method=spec.method, label=_label(spec), gamma=spec.gamma, budget=spec.budget,
+                rec.update(method=_method(spec), label=_label(spec), gamma=spec.gamma, budget=spec.budget,
                            knobs=spec.describe(),
                            tau=round(st.tau(), 3), accept_hist=hist.sum(0).tolist(),
                            rounds_max=int(rounds.max()), round_s=round(best / max(int(rounds.max()), 1), 5),
@@ -403,9 +404,9 @@ def main():
                 cache, logits = box["state"].cache, box["state"].logits
                 # Quest's per-step page selection runs inside its draft forwards: don't count it twice.
                 round_s = draft_s + verify_s + (0.0 if spec.method == "quest" else select_s)
-                run_rec = next(r for r in records if r["method"] == spec.method and r["L"] == L and r["B"] == B
+                run_rec = next(r for r in records if r["method"] == _method(spec) and r["L"] == L and r["B"] == B
                                and r["group"] == "grid")
-                s = base_record(kind="time_split", method=spec.method, L=L, B=B, gamma=spec.gamma,
+                s = base_record(kind="time_split", method=_method(spec), L=L, B=B, gamma=spec.gamma,
                                 budget=spec.budget, draft_s=round(draft_s, 5), verify_s=round(verify_s, 5),
                                 select_s=round(select_s, 5), pieces_round_s=round(round_s, 5),
                                 measured_round_s=run_rec["round_s"],
@@ -435,10 +436,23 @@ def _laid_out(avals, shardings=None):
     return jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=shardings), avals)
 
 
+def method_spec(name: str, **kw) -> SpecConfig:
+    """SpecConfig for a benchmark method name: a speculative method, or "vegas-select" (Vegas with the
+    threshold-search top-k kernel, SpecConfig.topk="select")."""
+    if name == "vegas-select":
+        return SpecConfig("vegas", topk="select", **kw)
+    return SpecConfig(name, **kw)
+
+
+def _method(spec):
+    """The record's method: "vegas-select" for Vegas with the threshold-search top-k, else spec.method."""
+    return "vegas-select" if spec.method == "vegas" and spec.topk == "select" else spec.method
+
+
 def _label(spec):
     """method plus the non-default vegas knobs: vegas+all (all gamma+1 rows), vegas+logits."""
     extra = ("+all" if spec.collect == "all" else "") + ("+logits" if spec.score_mode == "logits" else "")
-    return spec.method + extra
+    return _method(spec) + extra
 
 
 def _find(records, method, L, B, group="grid", **kw):
@@ -460,7 +474,7 @@ def _summary(records, splits, sweep, split, Ls, Bs, a):
     out["tau_ratio_vegas_vs_streaming"] = round(vs["tau"] / ss["tau"], 3) if vs and ss else None
     sp = next((s for s in splits if s["method"] == "vegas"), None)
     out["selection_overhead_frac"] = sp and sp["selection_frac"]
-    for mth in ("streaming", "quest", "vegas"):
+    for mth in ("streaming", "quest", "vegas", "vegas-select"):
         r = _find(records, mth, *big, gamma=a.gamma, budget=a.budget)
         if r:
             out[f"{mth}_speedup_vs_ar"] = r["speedup_vs_ar"]

@@ -28,7 +28,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                  top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0, ignore_eos: bool = False,
                  as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
                  sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None,
-                 mode=None, widths=None, drafter=None):
+                 mode=None, widths=None, drafter=None, topk=None):
     import jspec
     from jspec import data
 
@@ -36,7 +36,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     # Checked before the model loads, so a bad flag or config file fails at once.
     knobs = {k: v for k, v in dict(gamma=gamma, budget=budget, ratio=ratio, sink=sink, page_size=page_size,
                                    min_tokens=min_tokens, max_tokens=max_tokens, score_mode=score_mode,
-                                   collect=collect, mode=mode,
+                                   collect=collect, mode=mode, topk=topk,
                                    tree_widths=_widths(widths) if widths else None).items() if v is not None}
     try:
         spec = jspec.api.spec_config(method, config, **knobs)
@@ -150,6 +150,8 @@ def main(argv=None):
     g.add_argument("--score-mode", choices=["weights", "logits"], default=None, help="vegas ranking")
     g.add_argument("--collect", choices=["c2q", "all"], default=None,
                    help="vegas: Collect-2-Query rows (c2q) or all gamma+1 verified rows")
+    g.add_argument("--topk", choices=["sort", "select"], default=None,
+                   help="vegas: per-layer top-k by lax.top_k (sort, default) or the threshold-search kernel (select)")
     g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
     g.add_argument("--widths", default=None, help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (the default)")
     g.add_argument("--drafter", default=None, metavar="DIR",

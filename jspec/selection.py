@@ -36,7 +36,7 @@ def streaming(lengths, k, *, sink: int, slots: int):
     return jnp.where(c < n[:, None], idx, 0), n
 
 
-def topk_before(scores, point, k, *, slots: int):
+def topk_before(scores, point, k, *, slots: int, method: str = "sort"):
     """Per-layer top-k positions of aggregated scores among positions < point (Vegas step 2).
 
     Args:
@@ -45,10 +45,21 @@ def topk_before(scores, point, k, *, slots: int):
         compete (the block itself and everything after it is kept by `with_tail`).
       k: int32[B] (or scalar) how many to keep (<= slots).
       slots: static M.
+      method: "sort" (lax.top_k) or "select" (pallas_kernels.topk_select: a threshold-search kernel on a GPU,
+        lax.top_k where it cannot run); both keep the same set.
     Returns:
-      idx int32[L, B, slots] (descending score; ties: lower position first), n_valid int32[L, B] = min(k, point).
+      idx int32[L, B, slots] ("sort": descending score, ties: lower position first; "select": ascending
+      position), n_valid int32[L, B] = min(k, point).
     """
     L, B, S = scores.shape
+    if method == "select":
+        from pallas_kernels.topk_select import topk_select
+
+        idx, n = topk_select(scores, jnp.broadcast_to(jnp.asarray(point, jnp.int32), (L, B)),
+                             jnp.broadcast_to(jnp.asarray(k, jnp.int32), (L, B)), slots=slots)
+        return idx, n
+    if method != "sort":
+        raise ValueError(f"{method=} must be 'sort' or 'select'")
     m = min(slots, S)
     pos = jnp.arange(S, dtype=jnp.int32)
     point = jnp.asarray(point, jnp.int32)

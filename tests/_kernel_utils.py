@@ -125,3 +125,20 @@ def triton_calls(hlo_text: str, name: str | None = None) -> int:
     """Triton custom calls in a lowered module (only those of kernel `name` when given)."""
     lines = [ln for ln in hlo_text.splitlines() if "__gpu$xla.gpu.triton" in ln]
     return sum(1 for ln in lines if name is None or f'name = "{name}"' in ln)
+
+
+def lower_for_cuda(fn, *avals) -> str:
+    """StableHLO text of `fn` lowered for CUDA on any machine: Pallas runs its Triton lowering (every
+    kernel becomes Triton IR inside a custom call) against a pretend sm_90 device, so a kernel that uses an
+    op without a Triton lowering rule fails here on the CPU instead of on the GPU. PTX compilation is not
+    exercised."""
+    import types
+    from unittest import mock
+
+    import jax._src.pallas.triton.pallas_call_registration as reg
+    import pallas_kernels._common as C
+
+    with mock.patch.object(C, "check_platform", lambda interpret: None), \
+            mock.patch.object(reg.gpu_info_lib, "get_gpu_info",
+                              lambda: types.SimpleNamespace(compute_capability="9.0")):
+        return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()

@@ -12,6 +12,7 @@ METHODS = ("streaming", "quest", "vegas", "longspec")
 SCORE_MODES = ("weights", "logits")
 COLLECT = ("c2q", "all")
 MODES = ("tree", "chain")
+TOPK = ("sort", "select")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,8 @@ class SpecConfig:
                 log-probability; sampling draws children from q instead, see jspec/speculative/tree.py);
                 sum(tree_widths) draft tokens per round, depth len(tree_widths). Public default 4,16,16,16,16.
     window:     longspec: the drafter's self-attention window W = its ring buffer's slots (`Drafter.window`).
+    topk:       vegas' per-layer top-k: "sort" (lax.top_k; XLA sorts each row) or "select" (the
+                pallas_kernels.topk_select threshold-search kernel on a GPU, the same set; lax.top_k elsewhere).
     """
 
     method: str = "vegas"
@@ -57,6 +60,7 @@ class SpecConfig:
     mode: str = "tree"
     tree_widths: tuple = (4, 16, 16, 16, 16)
     window: int = 512
+    topk: str = "sort"
 
     def __post_init__(self):
         # A list would make the config unhashable (it is a static jit argument): store a tuple of ints.
@@ -89,6 +93,8 @@ class SpecConfig:
                 raise InputError(f"min_tokens={self.min_tokens} must be in [1, max_tokens={self.slots}]")
             if self.method == "streaming" and self.min_tokens < self.sink:
                 raise InputError(f"min_tokens={self.min_tokens} must be >= sink={self.sink}")
+        if self.topk not in TOPK:
+            raise InputError(f"topk={self.topk!r} must be one of {TOPK}")
         if self.mode not in MODES:
             raise InputError(f"mode={self.mode!r} must be one of {MODES}")
         if not self.tree_widths or min(self.tree_widths) < 1:

@@ -49,7 +49,7 @@ def tail_slots(spec):
 
 
 def _select(spec, scores, point):
-    idx, n = selection.topk_before(scores, point, spec.k(point), slots=spec.slots)
+    idx, n = selection.topk_before(scores, point, spec.k(point), slots=spec.slots, method=spec.topk)
     return State(idx=idx, n_valid=n, point=point)
 
 
