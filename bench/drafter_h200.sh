@@ -7,6 +7,8 @@
 #                                        # tokens per step, BUDGET_S each, EXPORTS bf16 snapshots kept in
 #                                        # /root/drafter-runs (tau vs training tokens: `curve`, same machine)
 #   bash bench/drafter_h200.sh curve     # greedy tree tau at L=8000, B=16 of every snapshot + the finals
+#   bash bench/drafter_h200.sh selfgen   # add the target's own continuations of training-text windows to the
+#                                        # training folder (SELFGEN_S seconds, bench/selfgen.py); then main/pair
 # TRAIN_SRC: where the training text lies (default .carry/train).
 # Training text: the corpus files in .carry/train (kjv, jargon, python-docs, Mansfield Park, stdtypes.rst) and
 # the machine's stdlib (.py, tests excluded), minus every text the benchmarks draw prompts from (held out:
@@ -61,5 +63,8 @@ case "$mode" in
          done
          python3 bench/drafter_tau.py --drafters "$list" --out "$OUT/drafter_curve_h200.json" --length 8000 \
            --batch 16 --new "${NEW:-128}" --modes tree ;;
+  selfgen) python3 bench/selfgen.py --data "$data" --out "$data/selfgen" --budget-s "${SELFGEN_S:-180}" \
+             --batch "${SELFGEN_B:-64}" > "$OUT/selfgen_log.txt" 2>&1
+           tail -1 "$OUT/selfgen_log.txt"; du -sh "$data/selfgen" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
