@@ -7,6 +7,10 @@ same arguments:
     sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True)         -> out, lse
     tree_attention(q, k, v, prefix_len, tree_mask)                        -> out, lse
 
+and one selection op, Vegas' per-row top-k by threshold search instead of a sort (pallas_kernels/topk_select.py):
+
+    topk_select(scores, limit, k, *, slots)                                -> idx (ascending positions), n
+
 Layouts: q [B,T,N,H]; k, v [B,S,K,H] (one layer of the cache, bf16 or f32); GQA with G = N/K query heads
 per KV head (query head n reads KV head n // G); lse [B,N,T] float32 in natural log (JAX's own flash
 residual is base 2). Supported everywhere: head_dim 64 or 128, any N % K == 0 (tested G = 1..8). Every
@@ -28,6 +32,7 @@ from .reference import (
     tree_full_mask,
 )
 from .sparse_attention import sparse_attention, sparse_attention_kernel
+from .topk_select import topk_select, topk_select_kernel, topk_select_reference
 from .tree_attention import tree_attention, tree_attention_kernel
 
 IMPLEMENTATIONS = ("pallas", "xla")
@@ -44,6 +49,9 @@ __all__ = [
     "sparse_attention",
     "sparse_attention_kernel",
     "sparse_attention_reference",
+    "topk_select",
+    "topk_select_kernel",
+    "topk_select_reference",
     "tree_attention",
     "tree_attention_kernel",
     "tree_attention_reference",
