@@ -301,19 +301,20 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
                 times.append(dt)
         return int(np.maximum(np.asarray(n_out) - 1, 0).sum()) / max(min(times), 1e-9)
 
+    say = log if log is not None else tqdm.write
+    ar_tps = None
+    if baseline:
+        ar_tps = measure_ar()
+        say(f"ar (plain greedy decoding, the baseline): {ar_tps:9.1f} tok/s")
     if longspec:
         try:
-            say = log if log is not None else tqdm.write
-            ar_tps = _measure_ar(measure_ar, say) if baseline else None
-            return _tune_trees(trees, tree_spec, measure, precompile, jobs=jobs, pool=pool, progress=progress,
-                               log=log, out=out, model=model, lengths=lengths, batch=B,
+            return _tune_trees(trees, tree_spec, measure, precompile, jobs=jobs, progress=progress,
+                               say=say, out=out, model=model, lengths=lengths, batch=B,
                                max_new_tokens=max_new_tokens, reps=reps, drafter_path=drafter_path, ar_tps=ar_tps)
         finally:
             if pool is not None:
                 pool.shutdown()
     n_ratios, n_gammas = len(set(ratios)), len(set(gammas))
-    say = log if log is not None else tqdm.write
-    ar_tps = _measure_ar(measure_ar, say) if baseline else None
     bar = tqdm(total=n_ratios + n_gammas - 1 + 4, desc=f"tune {method}", unit="config", disable=not progress)
 
     def on_measure(rec):
@@ -334,32 +335,19 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     for rec in found["measurements"]:
         rec["budget"] = make_spec(rec["ratio"], rec["gamma"]).budget
     chosen = next(m for m in found["measurements"] if (m["ratio"], m["gamma"]) == (best.ratio, best.gamma))
-    d = jax.devices()[0]
-    result = {
-        **dataclasses.asdict(best),   # every SpecConfig field, so the file rebuilds exactly this config
-        "tau": chosen["tau"], "tokens_per_s": chosen["tokens_per_s"], "stage1_ratio": found["stage1_ratio"],
-        "measurements": found["measurements"],
-        "model": model.path, "prompt_tokens": int(lengths.max()), "batch": B, "max_new_tokens": max_new_tokens,
-        "ratios": sorted({float(r) for r in ratios}), "gammas": sorted({int(g) for g in gammas}),
-        "plateau_tol": plateau_tol, "reps": reps,
-        "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",
-        "devices": 1 if model.mesh is None else int(model.mesh.size), "jax": jax.__version__,
-        **_vs_ar(chosen["tokens_per_s"], ar_tps),
-    }
-    if out:
-        write_config(out, result)
-    say(f"chosen: ratio {best.ratio:.4g}, gamma {best.gamma}, budget {best.budget}: tau {chosen['tau']:.3f}, "
-        f"{chosen['tokens_per_s']:.1f} tok/s" + _ar_note(result) + (f" -> {out}" if out else ""))
-    return result
+    return _finish(best, chosen, found["measurements"], f"ratio {best.ratio:.4g}, gamma {best.gamma}, budget "
+                   f"{best.budget}", model=model, lengths=lengths, batch=B, max_new_tokens=max_new_tokens,
+                   reps=reps, ar_tps=ar_tps, out=out, say=say, stage1_ratio=found["stage1_ratio"],
+                   ratios=sorted({float(r) for r in ratios}), gammas=sorted({int(g) for g in gammas}),
+                   plateau_tol=plateau_tol)
 
 
-def _tune_trees(trees, tree_spec, measure, precompile, *, jobs, pool, progress, log, out, model, lengths, batch,
+def _tune_trees(trees, tree_spec, measure, precompile, *, jobs, progress, say, out, model, lengths, batch,
                 max_new_tokens, reps, drafter_path, ar_tps) -> dict:
     """LongSpec: measure every candidate draft shape (compiled `jobs` at a time ahead of timing) and keep the
     fastest; ties go to the shape listed first."""
     from tqdm.auto import tqdm
 
-    say = log if log is not None else tqdm.write
     records = []
     with tqdm(total=len(trees), desc="tune longspec", unit="shape", disable=not progress) as bar:
         for i in range(0, len(trees), max(1, jobs)):
@@ -376,28 +364,30 @@ def _tune_trees(trees, tree_spec, measure, precompile, *, jobs, pool, progress, 
                     f"{tps:9.1f} tok/s")
     best_i = max(range(len(records)), key=lambda i: (records[i]["tokens_per_s"], -i))
     best, chosen = tree_spec(trees[best_i]), records[best_i]
+    return _finish(best, chosen, records, f"{best.mode} {','.join(map(str, trees[best_i]))}", model=model,
+                   lengths=lengths, batch=batch, max_new_tokens=max_new_tokens, reps=reps, ar_tps=ar_tps, out=out,
+                   say=say, drafter=drafter_path, trees=[list(t) for t in trees])
+
+
+def _finish(best: SpecConfig, chosen: dict, measurements: list, what: str, *, model, lengths, batch: int,
+            max_new_tokens: int, reps: int, ar_tps: Optional[float], out: Optional[str], say, **extra) -> dict:
+    """The tuned config: every SpecConfig field of `best` (so the file rebuilds exactly this config), the
+    chosen measurement, all measurements, the search's own settings (`extra`) and where it was measured;
+    written to `out` and announced in one line."""
     d = jax.devices()[0]
     result = {
         **dataclasses.asdict(best),
-        "tau": chosen["tau"], "tokens_per_s": chosen["tokens_per_s"], "measurements": records,
-        "model": model.path, "drafter": drafter_path,
-        "prompt_tokens": int(lengths.max()), "batch": batch, "max_new_tokens": max_new_tokens, "reps": reps,
-        "trees": [list(t) for t in trees],
-        "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",
+        "tau": chosen["tau"], "tokens_per_s": chosen["tokens_per_s"], "measurements": measurements, **extra,
+        "model": model.path, "prompt_tokens": int(lengths.max()), "batch": batch, "max_new_tokens": max_new_tokens,
+        "reps": reps, "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",
         "devices": 1 if model.mesh is None else int(model.mesh.size), "jax": jax.__version__,
         **_vs_ar(chosen["tokens_per_s"], ar_tps),
     }
     if out:
         write_config(out, result)
-    say(f"chosen: {best.mode} {','.join(map(str, trees[best_i]))}: tau {chosen['tau']:.3f}, "
-        f"{chosen['tokens_per_s']:.1f} tok/s" + _ar_note(result) + (f" -> {out}" if out else ""))
+    say(f"chosen: {what}: tau {chosen['tau']:.3f}, {chosen['tokens_per_s']:.1f} tok/s" + _ar_note(result)
+        + (f" -> {out}" if out else ""))
     return result
-
-
-def _measure_ar(measure_ar, say) -> float:
-    tps = measure_ar()
-    say(f"ar (plain greedy decoding, the baseline): {tps:9.1f} tok/s")
-    return tps
 
 
 def _vs_ar(tps: float, ar_tps: Optional[float]) -> dict:
