@@ -10,7 +10,8 @@ writes on-distribution text: each batch takes --batch windows of --prompt-tokens
 offsets of the tokenized --data text, the target continues each by --new tokens (plain sampling at
 --temperature, stop tokens ignored, one compiled program for every batch), and prompt + continuation go to
 one .txt file per row under --out (selfgen-<batch>-<row>.txt), ready to sit beside the original text in
-`train_drafter.py --data`. It stops before a batch would run past --budget-s and prints tokens/s.
+`train_drafter.py --data`. One progress line per batch; it stops before a batch would run past --budget-s
+and prints tokens/s.
 --quick is a CPU smoke test (two tiny batches).
 """
 from __future__ import annotations
@@ -77,6 +78,8 @@ def main():
             with open(path, "w", encoding="utf-8") as f:
                 f.write(model.tokenizer.decode(p + list(c)))
         n_batches += 1
+        print(f"batch {n_batches}: {a.batch} rows x {a.new} new tokens in {dt:.1f}s "
+              f"({time.perf_counter() - t0:.0f}s of the {a.budget_s:.0f}s budget)", flush=True)
     summary = dict(batches=n_batches, rows=n_batches * a.batch, prompt_tokens=a.prompt_tokens, new=a.new,
                    temperature=a.temperature, generated_tokens_timed=made,
                    tokens_per_s=round(made / gen_s, 1) if gen_s else None, wall_s=round(time.perf_counter() - t0, 1),
