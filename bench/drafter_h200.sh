@@ -9,6 +9,11 @@
 #   bash bench/drafter_h200.sh curve     # greedy tree tau at L=8000, B=16 of every snapshot + the finals
 #   bash bench/drafter_h200.sh selfgen   # add the target's own continuations of training-text windows to the
 #                                        # training folder (SELFGEN_S seconds, bench/selfgen.py); then main/pair
+#   bash bench/drafter_h200.sh selfgen2  # two GPUs: continuations with seeds 0 and 1 at once (SELFGEN_B rows per
+#                                        # batch), then the folder /root/drafter-train-sg = training text + both
+#   bash bench/drafter_h200.sh long      # one distilled run of STEPS steps on /root/drafter-train-sg on GPU $GPU,
+#                                        # BUDGET_S seconds per call: a later call continues it (--resume);
+#                                        # snapshots every EVERY steps stay in /root/drafter-runs/long
 # TRAIN_SRC: where the training text lies (default .carry/train).
 # Training text: the corpus files in .carry/train (kjv, jargon, python-docs, Mansfield Park, stdtypes.rst) and
 # the machine's stdlib (.py, tests excluded), minus every text the benchmarks draw prompts from (held out:
@@ -56,7 +61,7 @@ case "$mode" in
         done ;;
   curve) runs=/root/drafter-runs
          list="ce1400=checkpoints/drafters/smollm2-135m"
-         for r in d2048 d8192; do
+         for r in ${RUNS:-d2048 d8192}; do
            for d in $runs/$r/drafters/step_* $runs/$r/drafter; do
              [ -d "$d" ] && list="$list,$r-$(basename $d)=$d"
            done
@@ -66,5 +71,17 @@ case "$mode" in
   selfgen) python3 bench/selfgen.py --data "$data" --out "$data/selfgen" --budget-s "${SELFGEN_S:-180}" \
              --batch "${SELFGEN_B:-64}" > "$OUT/selfgen_log.txt" 2>&1
            tail -1 "$OUT/selfgen_log.txt"; du -sh "$data/selfgen" ;;
+  selfgen2) for g in 0 1; do
+              CUDA_VISIBLE_DEVICES=$g python3 bench/selfgen.py --data "$data" --out "/root/selfgen$g" --seed "$g" \
+                --budget-s "${SELFGEN_S:-200}" --batch "${SELFGEN_B:-256}" > "$OUT/selfgen${g}_log.txt" 2>&1 &
+            done
+            wait
+            rm -rf "$data-sg" && mkdir -p "$data-sg" && cp "$data"/* "$data-sg/" && cp -r /root/selfgen0 /root/selfgen1 "$data-sg/"
+            tail -qn1 "$OUT"/selfgen*_log.txt; du -sh "$data-sg" ;;
+  long) run=/root/drafter-runs/long
+        if [ -d "$run/ckpt" ]; then again=--resume; else again=--overwrite; fi
+        CUDA_VISIBLE_DEVICES=${GPU:-0} python3 bench/train_drafter.py --data "$data-sg" --out $run --objective distill \
+          --steps "${STEPS:-3400}" --export-every "${EVERY:-425}" --budget-s "${BUDGET_S:-540}" $again
+        tar -C $run -cf "$OUT/long.tar" drafter loss.jsonl loss.png summary.json train_config.json || true ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
