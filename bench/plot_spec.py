@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {"ar": "k", "streaming": "C1", "quest": "C2", "vegas": "C0", "vegas+all": "C4", "vegas+logits": "C5",
-          "vegas-select": "C3"}
+          "vegas-sort": "C3"}
 
 
 def main(path, prefix=None):

@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--impl", default="pallas", choices=["xla", "pallas", "auto"])
     ap.add_argument("--shape", default="8000x64")
-    ap.add_argument("--methods", default="vegas,streaming", help="also vegas-select (threshold-search top-k)")
+    ap.add_argument("--methods", default="vegas,streaming", help="also vegas-sort (XLA's sort for the top-k)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--reps", type=int, default=9)

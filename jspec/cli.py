@@ -151,7 +151,7 @@ def main(argv=None):
     g.add_argument("--collect", choices=["c2q", "all"], default=None,
                    help="vegas: Collect-2-Query rows (c2q) or all gamma+1 verified rows")
     g.add_argument("--topk", choices=["sort", "select"], default=None,
-                   help="vegas: per-layer top-k by lax.top_k (sort, default) or the threshold-search kernel (select)")
+                   help="vegas: per-layer top-k by the threshold-search kernel (select, default) or lax.top_k (sort)")
     g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
     g.add_argument("--widths", default=None, help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (the default)")
     g.add_argument("--drafter", default=None, metavar="DIR",

@@ -48,7 +48,7 @@ VARIANTS = {
     "quest": dict(method="quest", page_size=4),
     "vegas": dict(method="vegas"),
     "vegas-all-logits": dict(method="vegas", collect="all", score_mode="logits"),
-    "vegas-select": dict(method="vegas", topk="select"),   # position-ordered selections (CPU: the reference)
+    "vegas-sort": dict(method="vegas", topk="sort"),   # score-ordered selections by lax.top_k (vegas: "select")
 }
 # llama: a budget of 8 slots, so most drafts are rejected (identity must not depend on draft quality).
 # qwen3: a budget covering the whole cache, so every draft step must be exact full attention and every
@@ -217,9 +217,10 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     assert cli.main(argv + ["--method", "ar", "--collect", "all"]) == 2
     capsys.readouterr()
     assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8",
-                            "--topk", "select"]) == 0
+                            "--topk", "sort"]) == 0
     sel = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert sel["stats"]["knobs"]["topk"] == "select" and sel["tokens"] == res["tokens"]
+    assert res["stats"]["knobs"]["topk"] == "select"   # the default
+    assert sel["stats"]["knobs"]["topk"] == "sort" and sel["tokens"] == res["tokens"]
 
 
 @pytest.mark.parametrize("method", ["vegas", "streaming"])
