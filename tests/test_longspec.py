@@ -160,6 +160,24 @@ def test_top_k_chunked_equals_top_k(V, k, chunk):
     np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
 
 
+@pytest.mark.parametrize("V,k", [(49152, 2), (700, 4), (5, 4), (3, 3)])
+def test_top_k_small_equals_top_k(V, k):
+    from jspec.speculative.tree import top_k_small
+
+    rng = np.random.default_rng(V + k)
+    x = rng.standard_normal((4, 3, V)).astype(np.float32)
+    x[0, 0, rng.integers(0, V, 3)] = 9.0                    # a tie at the top: lower index first
+    x[1, 1, :] = np.round(x[1, 1, :])                       # many ties
+    x[2, 0, :] = -np.inf                                    # a fully masked row: indices 0, 1, ... as lax.top_k
+    x[2, 1, 1:] = -np.inf                                   # one finite entry, then masked ones
+    x[3, 2, :] = -0.0                                       # signed zeros tie with each other
+    x[3, 2, V // 2] = 0.0
+    want_v, want_i = jax.lax.top_k(jnp.asarray(x), k)
+    got_v, got_i = jax.jit(top_k_small, static_argnums=1)(jnp.asarray(x), k)
+    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+
+
 def test_tree_layout_and_greedy_growth():
     """Static layout, parents / ancestor masks of a grown tree, and the global top-w rule by cumulative log q."""
     widths = (2, 3)
