@@ -60,7 +60,7 @@ case "$mode" in
           tar -C $runs/$r -cf "$OUT/$r.tar" drafter loss.jsonl loss.png summary.json train_config.json || true
         done ;;
   curve) runs=/root/drafter-runs
-         list="ce1400=checkpoints/drafters/smollm2-135m"
+         list="default=checkpoints/drafters/smollm2-135m"
          for r in ${RUNS:-d2048 d8192}; do
            for d in $runs/$r/drafters/step_* $runs/$r/drafter; do
              [ -d "$d" ] && list="$list,$r-$(basename $d)=$d"

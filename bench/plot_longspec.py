@@ -1,5 +1,5 @@
 """Plot bench/longspec.py's JSON: tokens/s and tau per method at each measured (L, B, T), and tau / tokens/s
-against tree size when the run has the widths sweep.
+against tree size (one line per swept (L, B), greedy) when the run has a widths sweep.
 
     python bench/plot_longspec.py bench/results/longspec_h200_L8000_B16.json [out.png]
 """
@@ -17,7 +17,7 @@ def main(path, out=None):
     recs = [r for r in doc["records"] if "tokens_per_s" in r and r.get("group", "grid") == "grid"]
     sweep = [r for r in doc["records"] if r.get("group") == "widths_sweep" and "tau" in r]
     shapes = sorted({(r["L"], r["B"], r.get("T", 0.0)) for r in recs})
-    n = len(shapes) + (1 if sweep else 0)
+    n = len(shapes) + (2 if sweep else 0)
     ncol = min(n, 4)   # a grid of panels: one row per 4 (L, B, T) shapes
     nrow = -(-n // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 4 * nrow), squeeze=False)
@@ -38,15 +38,19 @@ def main(path, out=None):
         ax.margins(y=0.2)
         ax.grid(alpha=0.3, axis="y")
     if sweep:
-        ax = flat[n - 1]
-        pts = sorted((sum(r["widths"]), r["tau"], r["tokens_per_s"]) for r in sweep)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="tau")
-        ax.set_xlabel("draft tokens per round (tree size)")
-        ax.set_ylabel("tau")
-        ax2 = ax.twinx()
-        ax2.plot([p[0] for p in pts], [p[2] for p in pts], "s--", color="C1", label="tokens/s")
-        ax2.set_ylabel("tokens/s")
-        ax.set_title("tree-size sweep")
+        trees = sweep + [r for r in recs if r.get("mode") == "tree" and r.get("T", 0.0) == 0.0]
+        for i, (key, name) in enumerate((("tau", "tau"), ("speedup_vs_ar", "speedup over ar"))):
+            ax = flat[n - 2 + i]
+            for L, B in sorted({(r["L"], r["B"]) for r in sweep}):
+                pts = sorted({sum(r["widths"]): r[key] for r in trees if (r["L"], r["B"]) == (L, B)}.items())
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=4, label=f"L={L}, B={B}")
+            if key == "speedup_vs_ar":
+                ax.axhline(1.0, color="gray", lw=0.8)
+            ax.set_xlabel("draft tokens per round (tree size)")
+            ax.set_ylabel(name)
+            ax.set_title(f"greedy tree: {name} vs tree size")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     fig.tight_layout()
     out = out or path.replace(".json", ".png")
     fig.savefig(out, dpi=120)
