@@ -177,7 +177,7 @@ def main(argv=None):
                                                      "(default) or longspec")
     u.add_argument("--trees", default=None,
                    help="longspec: candidate widths per level, ';'-separated (all ones = a chain; default "
-                        "1,1,1,1,1;2,4,4,4;4,8,8,8,8;4,16,16,16,16;8,32,32,32)")
+                        "1,1,1,1,1;2,2,2,2,2;2,2,2,2,2,2,2;2,4,4,4;4,8,8,8,8;4,16,16,16,16;8,32,32,32)")
     u.add_argument("--drafter", default=None, help="longspec: drafter directory (default: the bundled one)")
     u.add_argument("--prompt-file", default=None, help="tune on this text (default: long stdlib documents)")
     u.add_argument("--prompt-tokens", type=int, default=2048, help="length of the default stdlib prompts")

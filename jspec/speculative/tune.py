@@ -52,7 +52,10 @@ GREEDY = SamplingConfig()
 
 TUNABLE = ("streaming", "quest", "vegas", "longspec")
 # LongSpec draft shapes tried by default: a chain, then trees from 14 to 104 nodes.
-DEFAULT_TREES = ((1, 1, 1, 1, 1), (2, 4, 4, 4), (4, 8, 8, 8, 8), (4, 16, 16, 16, 16), (8, 32, 32, 32))
+# Candidates of the longspec shape search: the chain, narrow deep trees (the H200's best at B=16 for SmolLM2,
+# bench/results/longspec_sg_h200_deep_B16.json), mid-sized ones (best at B=1) and the public default.
+DEFAULT_TREES = ((1, 1, 1, 1, 1), (2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 2, 2), (2, 4, 4, 4), (4, 8, 8, 8, 8),
+                 (4, 16, 16, 16, 16), (8, 32, 32, 32))
 
 
 # ---------------------------------------------------------------------------------------------- search
