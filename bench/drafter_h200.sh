@@ -79,6 +79,7 @@ case "$mode" in
             rm -rf "$data-sg" && mkdir -p "$data-sg" && cp "$data"/* "$data-sg/" && cp -r /root/selfgen0 /root/selfgen1 "$data-sg/"
             tail -qn1 "$OUT"/selfgen*_log.txt; du -sh "$data-sg" ;;
   long) run=/root/drafter-runs/long
+        [ -d "$data-sg" ] || { echo "error: $data-sg is missing: run 'bash bench/drafter_h200.sh selfgen2' first" >&2; exit 2; }
         if [ -d "$run/ckpt" ]; then again=--resume; else again=--overwrite; fi
         CUDA_VISIBLE_DEVICES=${GPU:-0} python3 bench/train_drafter.py --data "$data-sg" --out $run --objective distill \
           --steps "${STEPS:-3400}" --export-every "${EVERY:-425}" --budget-s "${BUDGET_S:-540}" $again
