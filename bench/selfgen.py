@@ -1,18 +1,11 @@
-"""Self-generated training text for the LongSpec drafter: the target's own continuations of training-text
-windows.
+"""Self-generated drafter training text on the benchmark machine: `jspec.drafter.selfgen.self_generate`
+(the library function behind `jspec selfgen`) with the device recorded in its summary.
 
     PYTHONPATH=. python bench/selfgen.py --data DIR --out DIR [--prompt-tokens 1024] [--new 1024] [--batch 64]
         [--temperature 0.8] [--budget-s 180] [--seed 0] [--quick]
 
-At inference the drafter predicts what the target generates, not human text; the bundled drafter's tau
-flattened after ~8 passes over its 5.4M tokens of text (bench/results/drafter_curve_h200.json). This
-writes on-distribution text: each batch takes --batch windows of --prompt-tokens tokens at seeded random
-offsets of the tokenized --data text, the target continues each by --new tokens (plain sampling at
---temperature, stop tokens ignored, one compiled program for every batch), and prompt + continuation go to
-one .txt file per row under --out (selfgen-<batch>-<row>.txt), ready to sit beside the original text in
-`train_drafter.py --data`. One progress line per batch; it stops before a batch would run past --budget-s
-and prints tokens/s.
---quick is a CPU smoke test (two tiny batches).
+One progress line per batch; it stops before a batch would run past --budget-s and prints the summary
+(tokens/s from the batches after the compiling one). --quick is a CPU smoke test (two tiny batches).
 """
 from __future__ import annotations
 
@@ -20,9 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,51 +32,20 @@ def main():
     a = ap.parse_args()
     if a.quick:
         a.prompt_tokens, a.new, a.batch = 32, 16, 2
-    t0 = time.perf_counter()
 
     import jax
 
     import jspec
-    from jspec import data
+    from jspec.drafter.selfgen import self_generate
 
     model = jspec.load(a.model, dtype="float32" if jax.default_backend() == "cpu" else None, progress=False)
-    ids = []
-    for text in data.read_dir(a.data):
-        ids.extend(model.tokenizer.encode(text, add_special_tokens=False))
-    ids = np.asarray(ids, np.int64)
-    if len(ids) < a.prompt_tokens:
-        raise SystemExit(f"error: {a.data} holds {len(ids)} tokens, fewer than --prompt-tokens {a.prompt_tokens}")
-    os.makedirs(a.out, exist_ok=True)
-    rng = np.random.default_rng(a.seed)
-    n_batches, made, gen_s, batch_s = 0, 0, 0.0, None
-    while not a.quick or n_batches < 2:
-        left = a.budget_s - (time.perf_counter() - t0)
-        if batch_s is not None and left < 1.2 * batch_s:
-            break
-        starts = rng.integers(0, len(ids) - a.prompt_tokens + 1, a.batch)
-        prompts = [ids[s:s + a.prompt_tokens].tolist() for s in starts]
-        t = time.perf_counter()
-        out = jspec.generate(model, prompts, max_new_tokens=a.new, temperature=a.temperature,
-                             seed=a.seed * 100003 + n_batches, ignore_eos=True)
-        dt = time.perf_counter() - t
-        batch_s = dt          # bounds the next batch (the first one's includes the compile: conservative)
-        if n_batches:         # tokens/s from the batches after the compiling one
-            gen_s += dt
-            made += sum(len(x) for x in out.tokens)
-        for r, (p, c) in enumerate(zip(prompts, out.tokens)):
-            path = os.path.join(a.out, f"selfgen-{n_batches:05d}-{r:03d}.txt")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(model.tokenizer.decode(p + list(c)))
-        n_batches += 1
-        print(f"batch {n_batches}: {a.batch} rows x {a.new} new tokens in {dt:.1f}s "
-              f"({time.perf_counter() - t0:.0f}s of the {a.budget_s:.0f}s budget)", flush=True)
-    summary = dict(batches=n_batches, rows=n_batches * a.batch, prompt_tokens=a.prompt_tokens, new=a.new,
-                   temperature=a.temperature, generated_tokens_timed=made,
-                   tokens_per_s=round(made / gen_s, 1) if gen_s else None, wall_s=round(time.perf_counter() - t0, 1),
-                   device=str(jax.devices()[0].device_kind if hasattr(jax.devices()[0], "device_kind") else "cpu"))
+    s = self_generate(model, a.data, a.out, prompt_tokens=a.prompt_tokens, new_tokens=a.new, batch=a.batch,
+                      temperature=a.temperature, budget_s=a.budget_s, max_batches=2 if a.quick else None,
+                      seed=a.seed)
+    s["device"] = str(getattr(jax.devices()[0], "device_kind", "cpu"))
     with open(os.path.join(a.out, "selfgen_summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    print(json.dumps(summary))
+        json.dump(s, f, indent=1)
+    print(json.dumps(s))
 
 
 if __name__ == "__main__":

@@ -199,6 +199,8 @@ def main(argv=None):
     from jspec.drafter import cli as drafter_cli
     t = sub.add_parser("train-drafter", help="train the LongSpec drafter block against a frozen target")
     drafter_cli.add_arguments(t)
+    sg = sub.add_parser("selfgen", help="drafter training text: the target's own continuations of a text folder")
+    drafter_cli.add_selfgen_arguments(sg)
 
     a = p.parse_args(argv)
     from checkpoints import CheckpointError
@@ -210,6 +212,8 @@ def main(argv=None):
             cmd_convert(out=a.out, from_hf=a.from_hf, from_gguf=a.from_gguf, dtype=a.dtype, overwrite=a.overwrite)
         elif a.cmd == "train-drafter":
             return drafter_cli.run(a)
+        elif a.cmd == "selfgen":
+            return drafter_cli.run_selfgen(a)
         elif a.cmd == "generate":
             kw = {k: v for k, v in vars(a).items() if k != "cmd"}
             cmd_generate(**kw)

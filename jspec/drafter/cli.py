@@ -1,4 +1,4 @@
-"""Flags of `jspec train-drafter`, ready to hook into jspec/cli.py:
+"""Flags of `jspec train-drafter` and `jspec selfgen`, ready to hook into jspec/cli.py:
 
     p = sub.add_parser("train-drafter", help="train the LongSpec drafter block against a frozen target")
     drafter_cli.add_arguments(p)
@@ -34,6 +34,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ce: the text's next token; distill: the target's next-token distribution (soft labels)")
     p.add_argument("--export-every", type=int, default=0, help="bf16 snapshots to OUT/drafters/step_N (0: off)")
     p.add_argument("--no-progress", action="store_true")
+
+
+def add_selfgen_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="target: known name or converted checkpoint dir")
+    p.add_argument("--data", required=True, help="folder of text files (.txt .py .md .rst) to take windows from")
+    p.add_argument("--out", required=True, help="folder for the generated .txt files (created)")
+    p.add_argument("--prompt-tokens", type=int, default=1024, help="window of source text per row")
+    p.add_argument("--new", type=int, default=1024, help="tokens the target generates per row")
+    p.add_argument("--batch", type=int, default=64, help="rows per generate call")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--budget-s", type=float, default=180.0, help="stop before a batch would run past this")
+    p.add_argument("--batches", type=int, default=None, help="stop after this many batches")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run_selfgen(args: argparse.Namespace) -> int:
+    from jspec.api import load
+    from .selfgen import self_generate
+
+    summary = self_generate(load(args.model), args.data, args.out, prompt_tokens=args.prompt_tokens,
+                            new_tokens=args.new, batch=args.batch, temperature=args.temperature,
+                            budget_s=args.budget_s, max_batches=args.batches, seed=args.seed)
+    print(json.dumps(summary, indent=1))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
