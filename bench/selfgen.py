@@ -1,5 +1,5 @@
 """Self-generated drafter training text on the benchmark machine: `jspec.drafter.selfgen.self_generate`
-(the library function behind `jspec selfgen`) with the device recorded in its summary.
+(the library function behind `jspec selfgen`), with the benchmark scripts' flags and a --quick smoke test.
 
     PYTHONPATH=. python bench/selfgen.py --data DIR --out DIR [--prompt-tokens 1024] [--new 1024] [--batch 64]
         [--temperature 0.8] [--budget-s 180] [--seed 0] [--quick]
@@ -42,9 +42,6 @@ def main():
     s = self_generate(model, a.data, a.out, prompt_tokens=a.prompt_tokens, new_tokens=a.new, batch=a.batch,
                       temperature=a.temperature, budget_s=a.budget_s, max_batches=2 if a.quick else None,
                       seed=a.seed)
-    s["device"] = str(getattr(jax.devices()[0], "device_kind", "cpu"))
-    with open(os.path.join(a.out, "selfgen_summary.json"), "w") as f:
-        json.dump(s, f, indent=1)
     print(json.dumps(s))
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Optional
 
+import jax
 import numpy as np
 
 from jspec import data as _data
@@ -66,7 +67,8 @@ def self_generate(model, data_dir: str, out_dir: str, *, prompt_tokens: int = 10
     summary = dict(batches=n, rows=n * batch, prompt_tokens=prompt_tokens, new=new_tokens, temperature=temperature,
                    source_tokens=int(len(ids)), generated_tokens_timed=made,
                    tokens_per_s=round(made / gen_s, 1) if gen_s else None,
-                   wall_s=round(time.perf_counter() - t0, 1))
+                   wall_s=round(time.perf_counter() - t0, 1),
+                   device=str(getattr(jax.devices()[0], "device_kind", "cpu")))
     with open(os.path.join(out_dir, "selfgen_summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary

@@ -111,9 +111,10 @@ def top_k_small(x, k: int):
     Each pass is one reduction over the row, where XLA's TopK sorts it: on the H200 a TopK over 49152 entries
     took 0.17-0.27 ms per call in tree drafting (16-256 rows, see `top_k_chunked`). Ranking happens on the
     floats' order-preserving int32 keys, so an entry already taken (key INT32_MIN) stays below a -inf one."""
+    from pallas_kernels.topk_select import order_key   # jspec loads the kernel package lazily
+
     V = x.shape[-1]
-    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
-    key = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)   # float order == int order
+    key = order_key(x)   # float order == int order
     pos = jnp.arange(V, dtype=jnp.int32)
     taken = jnp.iinfo(jnp.int32).min
     idx = []
