@@ -169,7 +169,8 @@ def main():
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=512, help="KV slots of every method's draft selection")
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--gammas", default="2,4,6", help="vegas gamma sweep at the sweep shape")
+    ap.add_argument("--gammas", default="2,4,6", help="gamma sweep at the sweep shape")
+    ap.add_argument("--gamma-methods", default="vegas", help="methods of the gamma sweep (e.g. vegas,streaming)")
     ap.add_argument("--budgets", default="128,256,512,1024", help="vegas + streaming budget sweep")
     ap.add_argument("--sweep-shape", default="8000x16")
     ap.add_argument("--split-shape", default="8000x64")
@@ -226,7 +227,7 @@ def main():
         cfgs = [("grid", None)] + [("grid", spec_of(x)) for x in methods]
         if s == sweep:
             cfgs += [("budget_sweep", spec_of(x, budget=b)) for x in ("vegas", "streaming") for b in budgets]
-            cfgs += [("gamma_sweep", spec_of("vegas", gamma=g)) for g in gammas]
+            cfgs += [("gamma_sweep", spec_of(x, gamma=g)) for x in a.gamma_methods.split(",") if x for g in gammas]
             cfgs += [("ablation", spec_of("vegas", collect="all")), ("ablation", spec_of("vegas", score_mode="logits"))]
         seen, plan[s] = set(), []
         for group, spec in cfgs:   # a sweep point equal to a grid config is the grid config
@@ -495,6 +496,14 @@ def _summary(records, splits, sweep, split, Ls, Bs, a):
     if gam:
         best = max(gam, key=lambda r: r["tokens_per_s"])
         out["vegas_best_gamma"] = best["gamma"]
+        out["vegas_best_gamma_speedup_vs_ar"] = best["speedup_vs_ar"]
+    by_gamma = {}   # tau of vegas / streaming at the same gamma and budget (--gamma-methods vegas,streaming)
+    for r in records:
+        if (r["L"], r["B"]) == sweep and r["method"] in ("vegas", "streaming") and r["budget"] == a.budget \
+                and r.get("knobs", {}).get("collect") != "all" and r.get("knobs", {}).get("score_mode") != "logits":
+            by_gamma.setdefault(r["gamma"], {})[r["method"]] = r["tau"]
+    out["tau_ratio_by_gamma"] = {g: round(d["vegas"] / d["streaming"], 3) for g, d in sorted(by_gamma.items())
+                                 if "vegas" in d and "streaming" in d}
     agree = [r["agree_with_ar"] for r in records if r["method"] != "ar"]
     out["agree_with_ar_min"] = min(agree) if agree else None
     out["agree_with_ar_mean"] = round(float(np.mean(agree)), 3) if agree else None

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue 4 follow-ups on the H200 (run from the repo root after staging the model, ../shared/gpu/README.md,
+# carrying .carry/heldout):
+#   bash bench/vegas_h200.sh profile   # where a B=64, L=8000 draft step's time goes (per-kernel device time)
+#   bash bench/vegas_h200.sh gamma     # vegas and streaming at gamma 4/6/8 and budgets 128-512, L=8000 B=64
+set -uo pipefail
+mode=${1:?profile or gamma}
+mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
+case "$mode" in
+  profile)
+    timeout "${T1:-300}" python3 bench/profile_round.py --out "$OUT/prof_draft_h200.json" --shape 8000x64 \
+      --pieces "${PIECES:-ar_step,streaming_draft,vegas_draft,vegas_verify}" --reps 5 --top 40 ${PROF_ARGS:-} 2>&1 \
+      | grep -v Warning | tee "$OUT/prof_draft_h200_log.txt" | tail -150 ;;
+  gamma)
+    timeout "${T2:-560}" python3 bench/spec.py --out "$OUT/spec_gamma_h200.json" --impl pallas --lengths 8000 \
+      --batches 64 --methods streaming,vegas --gamma "${GAMMA:-6}" --gammas "${GAMMAS:-4,6,8}" \
+      --gamma-methods vegas,streaming --budgets "${BUDGETS:-128,256,512}" --sweep-shape 8000x64 \
+      --split-shape 8000x64 --budget-s "${BUDGET_S:-420}" 2>&1 | grep -v Warning | tee "$OUT/spec_gamma_h200_log.txt" \
+      | tail -60 ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
