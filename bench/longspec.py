@@ -70,7 +70,7 @@ def _profile_round(compiled, P, spec, prep, params, dparams, cache, logits, last
     Returns (profile dict, cache rolled back to the prompt, logits)."""
     import tempfile
 
-    from bench.profile_round import kernel_table, read_trace
+    from bench.profile_round import device_gaps, kernel_table, read_trace, timeline
 
     state = compiled[("prepare", P, prep)](params, cache, logits, last, drafter=dparams, prompt_tokens=tokens)
     jax.block_until_ready(state)
@@ -84,8 +84,12 @@ def _profile_round(compiled, P, spec, prep, params, dparams, cache, logits, last
     rounds = max(int(np.asarray(st.rounds).max()), 1)
     tab, _ = kernel_table(trace, rounds) if trace else ({}, None)
     rows = sorted(tab.items(), key=lambda kv: -kv[1][0])
+    idle_us, waited = device_gaps(timeline(trace)) if trace else (0.0, [])
     prof = dict(rounds=rounds, wall_ms_per_round=round(1e3 * wall / rounds, 3),
                 device_ms_per_round=round(sum(v[0] for v in tab.values()) / 1e3, 3),
+                idle_ms_per_round=round(idle_us / 1e3 / rounds, 3),
+                idle_before=[dict(name=n, us_per_round=round(g / rounds, 1), count_per_round=round(c / rounds, 2))
+                             for n, g, c in waited],
                 top_kernels=[dict(name=k[:100], us_per_round=round(v[0], 1), launches_per_round=round(v[1], 2))
                              for k, v in rows[:top]])
     return prof, kv_cache.rollback(final.cache, lens), final.logits
@@ -307,7 +311,7 @@ def main():
                 prof, cache, logits = _profile_round(compiled, P, spec, prep_spec(spec), params, dparams, cache,
                                                      logits, last, tokens, lens, key)
                 profiles[",".join(map(str, w))] = prof
-                print(json.dumps({"profile": w, **{k: prof[k] for k in ("rounds", "device_ms_per_round")}}),
+                print(json.dumps({"profile": w, **{k: prof[k] for k in ("rounds", "wall_ms_per_round", "device_ms_per_round", "idle_ms_per_round", "idle_before")}}),
                       flush=True)
         del cache, logits
 
