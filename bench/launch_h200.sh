@@ -16,5 +16,5 @@ for tag in default while_cmdbuf; do
     --lengths 8000 --batches 16 --temps 0 --modes tree --widths 2,2,2,2,2 --sweep-widths "2,2,2,2,2;2,4,4,4" \
     --profile "2,2,2,2,2;2,4,4,4" --budget-s 150 2>&1 | grep '^{' | cut -c1-900
   XLA_FLAGS="$f" timeout "${PR_T:-120}" python3 bench/profile_round.py --out "$OUT/launch_loops_$tag.json" \
-    --tag "$tag" --no-trace --loops 65 --shape 8000x16 --pieces ar_step 2>&1 | grep '^{'
+    --tag "$tag" --no-trace --loops 65 --shape 8000x16 --pieces ar_loop,vegas_loop,streaming_loop 2>&1 | grep '^{'
 done
