@@ -105,3 +105,15 @@ class CompilePool:
         d = self.durations
         return dict(programs=len(self.names), compile_each_s_mean=round(sum(d) / len(d), 1) if d else None,
                     compile_each_s_max=round(max(d), 1) if d else None)
+
+
+def row_stats(stats) -> dict:
+    """Per-sequence acceptance of a speculative run (jspec.speculative.engine.SpecStats): each row's tau, the
+    smallest, and `straggler` = rounds of the slowest row / mean rounds per row. A static batch runs as many
+    rounds as its slowest row, so its tokens/s is the mean-rounds rate divided by `straggler`."""
+    import numpy as np
+    rounds = np.asarray(stats.rounds)
+    taus = stats.tau_per_sequence()
+    return dict(tau_rows=[round(float(x), 3) for x in taus], tau_row_min=round(float(taus.min()), 3),
+                rounds_mean=round(float(rounds.mean()), 2),
+                straggler=round(float(rounds.max() / max(rounds.mean(), 1e-9)), 3))

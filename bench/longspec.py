@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import CompilePool, base_record, peak_memory_bytes, write_json  # noqa: E402
+from bench.common import CompilePool, base_record, peak_memory_bytes, row_stats, write_json  # noqa: E402
 import jspec  # noqa: E402
 from jspec import decoding as gen, kv_cache  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
@@ -286,7 +286,7 @@ def main():
                            draft_tokens=sum(spec.widths), knobs=spec.describe(), tau=round(st.tau(), 3),
                            accept_hist=hist.sum(0).tolist(), rounds_max=int(rounds.max()),
                            round_s=round(best / max(int(rounds.max()), 1), 5),
-                           speedup_vs_ar=round(tps / ar[t][1], 3) if t in ar else None)
+                           speedup_vs_ar=round(tps / ar[t][1], 3) if t in ar else None, **row_stats(st))
                 for src in sorted(set(sources)):
                     rows = np.array([s == src for s in sources])
                     h = hist[rows].sum(0)
@@ -301,7 +301,7 @@ def main():
             records.append(rec)
             print(json.dumps({k: rec.get(k) for k in ("label", "L", "B", "T", "widths", "group", "tau",
                                                       "tokens_per_s", "speedup_vs_ar", "speedup_vs_vegas",
-                                                      "agree_with_ar")}), flush=True)
+                                                      "agree_with_ar", "tau_row_min", "straggler")}), flush=True)
         if (L, B) == sweep and a.profile:
             for w in [_ints(x) for x in a.profile.split(";") if x]:
                 spec = longspec("tree", w)

@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import CompilePool, base_record, peak_memory_bytes, write_json  # noqa: E402
+from bench.common import CompilePool, base_record, peak_memory_bytes, row_stats, write_json  # noqa: E402
 import jspec  # noqa: E402
 from jspec import api, data, decoding as gen, kv_cache, selection, sharding  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
@@ -368,7 +368,7 @@ def main():
                            tau=round(st.tau(), 3), accept_hist=hist.sum(0).tolist(),
                            rounds_max=int(rounds.max()), round_s=round(best / max(int(rounds.max()), 1), 5),
                            speedup_vs_ar=round(tps / ar_tps, 3), agree_with_ar=round(float(same.mean()), 3),
-                           match_prefix_frac=round(float(prefix.mean()) / a.new, 3))
+                           match_prefix_frac=round(float(prefix.mean()) / a.new, 3), **row_stats(st))
                 for src in sorted(set(sources)):
                     rows = np.array([s == src for s in sources])
                     h = hist[rows].sum(0)
@@ -511,10 +511,11 @@ def _summary(records, splits, sweep, split, Ls, Bs, a):
 
 
 def _table(records, splits, summary):
-    print("\n method          L    B  g budget group          tau   tok/s  x ar  agree")
+    print("\n method          L    B  g budget group          tau   tok/s  x ar  agree  min-row-tau straggler")
     for r in records:
         print(f" {r['label']:<13} {r['L']:5d} {r['B']:4d} {r['gamma']:2d} {str(r['budget']):>6} {r['group']:<12}"
-              f" {r['tau']:5.2f} {r['tokens_per_s']:7.0f} {r['speedup_vs_ar']:5.2f} {r['agree_with_ar']:5.2f}")
+              f" {r['tau']:5.2f} {r['tokens_per_s']:7.0f} {r['speedup_vs_ar']:5.2f} {r['agree_with_ar']:5.2f}"
+              f"  {r.get('tau_row_min', 1.0):5.2f} {r.get('straggler', 1.0):5.2f}")
     for s in splits:
         print(f" split {s['method']:<9} L={s['L']} B={s['B']}: draft {1e3 * s['draft_s']:.2f} ms, verify "
               f"{1e3 * s['verify_s']:.2f} ms, select {1e3 * s['select_s']:.2f} ms "

@@ -3,6 +3,7 @@
 # carrying .carry/heldout):
 #   bash bench/vegas_h200.sh profile   # where a B=64, L=8000 draft step's time goes (per-kernel device time)
 #   bash bench/vegas_h200.sh gamma     # vegas and streaming at gamma 4/6/8 and budgets 128-512, L=8000 B=64
+#   bash bench/vegas_h200.sh grid      # the full bench/spec.py grid (no Hugging Face run: hf_static_h200.json)
 set -uo pipefail
 mode=${1:?profile or gamma}
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
@@ -17,5 +18,8 @@ case "$mode" in
       --gamma-methods vegas,streaming --budgets "${BUDGETS:-128,256,512}" --sweep-shape 8000x64 \
       --split-shape 8000x64 --budget-s "${BUDGET_S:-420}" 2>&1 | grep -v Warning | tee "$OUT/spec_gamma_h200_log.txt" \
       | tail -60 ;;
+  grid)
+    timeout "${T3:-560}" python3 bench/spec.py --out "$OUT/spec_h200.json" --impl pallas --budget-s "${BUDGET_S:-400}" \
+      ${SPEC_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/spec_h200_log.txt" | tail -70 ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

@@ -247,3 +247,18 @@ def test_donated_cache_is_updated_in_place_not_copied(method):
     for name, ma in (("prepare", prep), ("run_donating", run)):
         assert ma.alias_size_in_bytes >= cache_bytes, (name, ma.alias_size_in_bytes)   # the cache is donated
         assert ma.temp_size_in_bytes < cache_bytes, (name, ma.temp_size_in_bytes, cache_bytes)
+
+
+def test_per_sequence_tau_and_straggler():
+    """tau_per_sequence from a hand-built histogram; its round-weighted mean is tau(); the straggler factor is
+    the slowest row's rounds over the mean (bench records)."""
+    from bench.common import row_stats
+    from jspec.speculative.engine import SpecStats
+
+    hist = np.array([[2, 0, 1], [0, 0, 3], [1, 1, 0]], np.int32)   # rows: (1+1+3)/3, 9/3, (1+2)/2
+    st = SpecStats(rounds=jnp.asarray(hist.sum(1)), accept_hist=jnp.asarray(hist))
+    np.testing.assert_allclose(st.tau_per_sequence(), [5 / 3, 3.0, 1.5])
+    np.testing.assert_allclose(np.average(st.tau_per_sequence(), weights=hist.sum(1)), st.tau())
+    r = row_stats(st)
+    assert r["tau_row_min"] == 1.5 and r["rounds_mean"] == round(8 / 3, 2)
+    assert r["straggler"] == round(3 / (8 / 3), 3) and len(r["tau_rows"]) == 3

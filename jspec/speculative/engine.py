@@ -68,6 +68,12 @@ class SpecStats:
         h = np.asarray(self.accept_hist).sum(0)
         return float((h * np.arange(1, h.size + 1)).sum() / max(h.sum(), 1))
 
+    def tau_per_sequence(self) -> np.ndarray:
+        """f64[B] tau of each sequence, host-side. A batch runs until its slowest sequence is done, so the
+        smallest of these, not the mean, sets a static batch's rounds (bench records: straggler)."""
+        h = np.asarray(self.accept_hist)
+        return (h * np.arange(1, h.shape[1] + 1)).sum(1) / np.maximum(h.sum(1), 1)
+
 
 def _method(spec: SpecConfig):
     return METHOD_MODULES[spec.method]
