@@ -9,13 +9,16 @@ zeros there). One kernel serves every T: the G query heads of a KV head are
 packed with the T rows into the tile's M dimension (see `_common`), the grid is
 (B, K, row blocks, splits) and split-K (flash-decoding) fills the GPU when B*K*row_blocks is small.
 
-Scores, exactly and in one pass over K/V. The weight `exp(scale*q.k - lse)` needs the *final* LSE,
-which split-K only knows after the combine. Instead of a second pass over K (+50% of the bytes of a
-memory-bound decode), the program that owns a key block also computes the raw logits of the score rows
-([R*G, block_k]: a second small dot on the K tile already in registers) and writes them out; the
-exp(. - lse) and the sum over heads and rows are one fused XLA epilogue after the combine. The extra
-traffic is R*G*4 bytes written and read per (KV head, position), R distinct score rows, against 4*H
-bytes of K/V read: ~12% more bytes at R=2, G=4, H=128 (Llama-3-8B), ~19% at R=2, G=3, H=64 (SmolLM2).
+Scores in one pass over K/V. The weight `exp(scale*q.k - lse)` needs the *final* LSE, which split-K
+only knows after the combine. Instead of a second pass over K (+50% of the bytes of a memory-bound
+decode), the program that owns a key block also computes the raw logits of the score rows ([R*G,
+block_k]: a second small dot on the K tile already in registers) and writes them out; the exp(. - lse)
+and the sum over heads and rows are one small Pallas epilogue after the combine (`score_weights`).
+With 16-bit K/V the logits are stored as float16 (float32 inputs keep float32): 11 significant bits,
+a relative error of at most ~|logit| * 2^-11 in a weight (1.6% at a logit of 32), which only ranks
+positions for the next draft (Vegas stays lossless whatever it selects), for half the bytes: R*G*2
+bytes written and read per (KV head, position), R distinct score rows, against 4*H bytes of K/V read:
+~6% more at R=2, G=4, H=128 (Llama-3-8B), ~9% at R=2, G=3, H=64 (SmolLM2).
 "logits" mode needs no LSE: the rows are summed in the kernel (4 bytes per position).
 """
 from __future__ import annotations
@@ -32,6 +35,13 @@ from . import _common as C
 from .reference import flash_scores_reference
 
 SCORE_MODES = ("weights", "logits")
+F16_MAX = 65504.0
+
+
+def logit_dtype(dtype):
+    """Storage dtype of the score rows' raw logits in "weights" mode: float32 for float32 inputs, else
+    float16 (see the module docstring)."""
+    return jnp.float32 if jnp.dtype(dtype) == jnp.float32 else jnp.float16
 
 
 def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) -> C.BlockSizes:
@@ -100,6 +110,8 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
             # Raw logits; exp(. - lse), causal masking and the head/row sum run after the combine.
             sel = jnp.arange(sl.shape[0]) < n_sel
             mask = sel[:, None] & in_range[None, :] if masked else jnp.broadcast_to(sel[:, None], sl.shape)
+            if sc_ref.dtype != jnp.float32:   # float16 logits; keep them finite
+                sl = jnp.clip(sl, -F16_MAX, F16_MAX).astype(sc_ref.dtype)
             plgpu.store(sc_ref.at[:, cols], sl, mask=mask)
         else:
             sl = sl * sw_ref[...][:, None]
@@ -140,7 +152,8 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a `layer` index, traced or not).
 
     Returns o [P,B,K,Mp,H] (out_dtype, each split normalised over its own keys), lse [P,B,K,Mp] and,
-    with score_mode, the raw score-row logits [B,K,Rp,S] ("weights") or their row sums [B,K,S].
+    with score_mode, the raw score-row logits [B,K,Rp,S] ("weights"; `logit_dtype(qp.dtype)`) or their row
+    sums [B,K,S] f32.
     """
     B, K, Mp, H = qp.shape
     S = C.layer_shape(k, layer)[1]
@@ -182,7 +195,7 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
         args += [qsel, sel_t, sel_w]
         if score_mode == "weights":
             out_specs.append(pl.BlockSpec((None, None, Rp, S), lambda b, h, m, s: (b, h, 0, 0)))
-            out_shape.append(jax.ShapeDtypeStruct((B, K, Rp, S), jnp.float32))
+            out_shape.append(jax.ShapeDtypeStruct((B, K, Rp, S), logit_dtype(qp.dtype)))
         else:
             out_specs.append(pl.BlockSpec((None, None, S), lambda b, h, m, s: (b, h, 0)))
             out_shape.append(jax.ShapeDtypeStruct((B, K, S), jnp.float32))
@@ -211,7 +224,7 @@ def _weights_kernel(kv_len_ref, sc_ref, lse_ref, st_ref, sw_ref, w_ref, *, T, bl
     acc = jnp.zeros((block_s,), jnp.float32)
     for h in range(K):   # K is small (KV heads); static unroll
         hh = jnp.int32(h)
-        x = plgpu.load(sc_ref.at[hh, :, pl.ds(start, block_s)], mask=seen, other=0.0)
+        x = plgpu.load(sc_ref.at[hh, :, pl.ds(start, block_s)], mask=seen, other=0.0).astype(jnp.float32)
         w = jnp.exp(x - lse_ref[hh, :][:, None]) * sw_ref[...][:, None]
         acc += jnp.sum(jnp.where(seen, w, 0.0), axis=0)
     plgpu.store(w_ref.at[pl.ds(start, block_s)], acc, mask=in_range)
@@ -221,7 +234,7 @@ def score_weights(sc, lse_sel, kv_len, sel_t, sel_w, *, T, interpret=False, bloc
     """The "weights" epilogue as one Pallas pass: [B, S] = sum over KV heads k and score rows i of
     sel_w[i] * exp(sc[b, k, i, j] - lse_sel[b, k, i]) where row i may see j (j < kv_len - T + sel_t[i] + 1).
 
-    sc [B, K, Rp, S] f32 raw logits from the flash kernel; lse_sel [B, K, Rp] their rows' final LSE. It reads
+    sc [B, K, Rp, S] raw logits from the flash kernel (f32 or f16); lse_sel [B, K, Rp] f32 their rows' final LSE. It reads
     each valid logit once (masked loads skip padding rows and unseen positions); the XLA expression it
     replaces ran as one fused reduction ~6x slower than its bytes on the H200 (bench/results/
     profile_round_h200.json: 1.66 ms per SmolLM2 verification at B=64, L=8000).

@@ -39,8 +39,8 @@ def _check(seed, B, T, N, K, H, S, dtype, rows=(), mode="weights", block_sizes=N
     assert_close(scores, r_scores, dtype, "scores")
     invalid = np.arange(S)[None, :] > (np.asarray(kv_len) - T + max(r % T for r in rows))[:, None]
     assert (np.asarray(scores)[invalid] == 0).all(), "scores must be 0 where no score row may look"
-    if mode == "weights":  # each (row, head) softmax sums to one
-        np.testing.assert_allclose(np.asarray(scores).sum(1), N * len(rows), rtol=1e-4)
+    if mode == "weights":  # each (row, head) softmax sums to one (16-bit inputs: float16 logits, see the kernel)
+        np.testing.assert_allclose(np.asarray(scores).sum(1), N * len(rows), rtol=1e-4 if dtype == F32 else 1e-3)
 
 
 # (B, T, N, K, H, S, dtype, score_rows, mode, block sizes): GQA 1/3/4/8, head dims 64/128, T 1..16 plus
@@ -160,12 +160,15 @@ def test_lowers_to_triton_at_model_shapes(N, K, H, T, rows):
                              score_rows=rows, score_mode=mode)
         assert triton_calls(hlo, "flash_scores") == 1
         assert triton_calls(hlo) == 1 + (mode == "weights" and bool(rows))   # + the weights epilogue
+        assert ("xf16>" in hlo) == (mode == "weights" and bool(rows))   # bf16 K/V: float16 score-row logits
 
 
-@pytest.mark.parametrize("S,block_s", [(200, 64), (48, 512)])   # S not a multiple of the block; S < block
-def test_score_weights_epilogue_ignores_junk(S, block_s):
+@pytest.mark.parametrize("S,block_s,logits_dtype", [(200, 64, np.float32), (48, 512, np.float32),
+                                                    (200, 64, np.float16)])   # S % block != 0; S < block
+def test_score_weights_epilogue_ignores_junk(S, block_s, logits_dtype):
     """The weights epilogue alone against numpy: NaN in padding rows and in positions a row may not see (the
-    flash kernel leaves those unwritten) must not reach the result."""
+    flash kernel leaves those unwritten) must not reach the result; float16 logits (16-bit K/V) are read
+    as float32."""
     from pallas_kernels.flash_scores import score_weights
 
     rng = np.random.default_rng(0)
@@ -177,8 +180,8 @@ def test_score_weights_epilogue_ignores_junk(S, block_s):
     lse = rng.normal(size=(B, K, Rp)).astype(np.float32) + 5
     seen = np.arange(S)[None, None, :] < (kv_len[:, None, None] - T + rows_t[None, :, None] + 1)   # [B, Rp, S]
     sc[:, :, 6:] = np.nan
-    sc = np.where(seen[:, None], sc, np.nan).astype(np.float32)
-    want = np.where(seen[:, None], np.exp(sc - lse[..., None]) * mult[None, None, :, None], 0.0)
+    sc = np.where(seen[:, None], sc, np.nan).astype(logits_dtype)
+    want = np.where(seen[:, None], np.exp(sc.astype(np.float32) - lse[..., None]) * mult[None, None, :, None], 0.0)
     want = np.nansum(np.where(seen[:, None] & (mult[None, None, :, None] > 0), want, 0.0), axis=(1, 2))
     got = score_weights(jnp.asarray(sc), jnp.asarray(lse), jnp.asarray(kv_len), jnp.asarray(rows_t),
                         jnp.asarray(mult), T=T, interpret=INTERPRET, block_s=block_s)
