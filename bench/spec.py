@@ -184,6 +184,8 @@ def main():
     ap.add_argument("--plan-only", action="store_true", help="print the shapes and configs, then exit")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--devices", type=int, default=1, help="tensor parallelism over the first N devices")
+    ap.add_argument("--no-fuse", action="store_true", help="keep the stored weight layout (separate q/k/v and "
+                    "gate/up weights) instead of jspec.load's fused one: an A/B of model.fuse_projections")
     # Share programs across L even with --impl xla (testing the sharing on CPU; its timings are distorted).
     ap.add_argument("--share-lengths", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -194,7 +196,8 @@ def main():
     impl = {"xla": AttnImpl(backend="xla"), "pallas": AttnImpl(backend="pallas"), "auto": AttnImpl()}[a.impl]
 
     # CPU matmuls in bf16 are emulated and slow: CPU smoke tests run in float32 (as bench/longspec.py).
-    m = jspec.load(a.model, dtype="float32" if jax.default_backend() == "cpu" else None, devices=a.devices)
+    m = jspec.load(a.model, dtype="float32" if jax.default_backend() == "cpu" else None, devices=a.devices,
+                   fuse=not a.no_fuse)
     cfg, params = m.cfg, m.params
     impl = api.attn_impl(m, impl)   # with a mesh the Pallas kernels run per head shard
     tok = _CachedTokenizer(m.tokenizer)
@@ -352,7 +355,8 @@ def main():
                 best = dt if best is None else min(best, dt)
             out = np.asarray(out)
             tps = B * (a.new - 1) / best
-            rec = base_record(model=a.model, impl=a.impl, devices=a.devices, L=L, B=B, new_tokens=a.new, group=group,
+            rec = base_record(model=a.model, impl=a.impl, devices=a.devices, fused=not a.no_fuse, L=L, B=B,
+                              new_tokens=a.new, group=group,
                               capacity=caps[k],
                               sources=sorted(set(sources)), decode_s=round(best, 4), tokens_per_s=round(tps, 1))
             if spec is None:

@@ -4,6 +4,7 @@
 #   bash bench/vegas_h200.sh profile   # where a B=64, L=8000 draft step's time goes (per-kernel device time)
 #   bash bench/vegas_h200.sh gamma     # vegas and streaming at gamma 4/6/8 and budgets 128-512, L=8000 B=64
 #   bash bench/vegas_h200.sh grid      # the full bench/spec.py grid (no Hugging Face run: hf_static_h200.json)
+#   bash bench/vegas_h200.sh fuse      # A/B of jspec.load's fused q/k/v + gate/up weights, L=8000, B=64 and 16
 set -uo pipefail
 mode=${1:?profile or gamma}
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
@@ -21,5 +22,13 @@ case "$mode" in
   grid)
     timeout "${T3:-560}" python3 bench/spec.py --out "$OUT/spec_h200.json" --impl pallas --budget-s "${BUDGET_S:-400}" \
       ${SPEC_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/spec_h200_log.txt" | tail -70 ;;
+  fuse)
+    for arm in fused separate; do
+      extra=""; [ "$arm" = separate ] && extra="--no-fuse"
+      timeout "${T4:-270}" python3 bench/spec.py --out "$OUT/spec_fuse_${arm}_h200.json" --impl pallas --lengths 8000 \
+        --batches 64,16 --methods streaming,vegas --gammas 4 --budgets 512 --sweep-shape 8000x16 \
+        --split-shape 8000x64 --budget-s 240 $extra 2>&1 | grep -v Warning | tee "$OUT/spec_fuse_${arm}_log.txt" \
+        | grep -A12 "method          L"
+    done ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

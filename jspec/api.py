@@ -58,13 +58,15 @@ class Output:
 
 
 def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, progress: bool = True,
-         devices: int = 1) -> Model:
+         devices: int = 1, fuse: bool = True) -> Model:
     """Load a converted checkpoint; a known model name is fetched and converted on first use.
 
     devices: tensor-parallel degree: N > 1 shards the heads (and the FFN width) over a 1-D mesh of the first
       N jax devices (jspec/sharding.py); generation then keeps the KV cache sharded the same way. N must not
       exceed the devices present and must divide the query heads, the KV heads and the FFN width
       (`jspec.sharding.ShardingError`, a ValueError, says which otherwise). 1: one device, no mesh.
+    fuse: hand out the runtime layout (`jspec.model.fuse_projections`: q/k/v and gate/up as one weight each,
+      fewer kernels per layer); False keeps the stored layout (wq, wk, wv, w_gate, w_up).
     """
     import checkpoints
     from transformers import AutoTokenizer
@@ -78,6 +80,12 @@ def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, prog
         mesh = sharding.make_mesh(devices, cfg=checkpoints.load_config(path))
         shardings = sharding.param_shardings(checkpoints.load_config(path), mesh)
     params, cfg = checkpoints.load(path, dtype=dtype, sharding=shardings)
+    if fuse:
+        from jspec import model as _model
+
+        out = None if mesh is None else sharding.param_shardings(cfg, mesh, fused=True)
+        # (Donation would not help: no output has an input's shape. The stored arrays are freed on return.)
+        params = jax.jit(_model.fuse_projections, static_argnums=1, out_shardings=out)(params, cfg)
     tok = AutoTokenizer.from_pretrained(f"{path}/tokenizer")
     return Model(params=params, cfg=cfg, tokenizer=tok, path=path, mesh=mesh)
 

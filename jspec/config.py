@@ -16,6 +16,10 @@ nested dict, layers stacked on a leading L axis and run with `lax.scan`:
       q_norm [L, H]     k_norm [L, H]                       (only when cfg.qk_norm)
       w_gate [L, D, F]  w_up [L, D, F]    w_down [L, F, D]
 
+`jspec.load` hands out the runtime variant (`model.fuse_projections`): wq/wk/wv become
+wqkv [L, D, K, G+2, H] (per KV head: its G = N/K query heads, then k, then v) and w_gate/w_up become
+w_gu [L, D, 2, F]; `model.forward` takes either.
+
 RoPE uses the Hugging Face "rotate half" convention (the first and second halves of H form the pairs).
 """
 from __future__ import annotations

@@ -71,13 +71,51 @@ def rope(x, positions, cfg: ModelConfig):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def fuse_projections(params, cfg: ModelConfig):
+    """The runtime layout `jspec.load` returns: q/k/v as one weight and gate/up as one (config.py).
+
+    wqkv [L, D, K, G+2, H]: for each KV head its G query heads (query head n = k*G + g, as GQA reads them),
+    then its k and v heads; w_gu [L, D, 2, F]: gate, up. Each pair is then one GEMM per layer; with separate
+    weights XLA merges the GEMMs itself but concatenates the weights on every call (two extra kernels per
+    layer in the H200 profile, bench/results/prof_draft_h200.json). Both layouts shard over tp on their K / F
+    axis (jspec/sharding.py). Idempotent; `forward` takes either layout.
+    """
+    lp = dict(params["layers"])
+    if "wqkv" in lp:
+        return params
+    L, D, N, H = lp["wq"].shape
+    K = cfg.n_kv_heads
+    wq = lp.pop("wq").reshape(L, D, K, N // K, H)
+    lp["wqkv"] = jnp.concatenate([wq, lp.pop("wk")[:, :, :, None], lp.pop("wv")[:, :, :, None]], axis=3)
+    lp["w_gu"] = jnp.stack([lp.pop("w_gate"), lp.pop("w_up")], axis=2)
+    return {**params, "layers": lp}
+
+
+def _project_qkv(h, p, cfg: ModelConfig):
+    """q [B,T,N,H], k, v [B,T,K,H] from the normed input, either weight layout."""
+    if "wqkv" not in p:
+        return (jnp.einsum("BTD,DNH->BTNH", h, p["wq"]), jnp.einsum("BTD,DKH->BTKH", h, p["wk"]),
+                jnp.einsum("BTD,DKH->BTKH", h, p["wv"]))
+    y = jnp.einsum("BTD,DKJH->BTKJH", h, p["wqkv"])
+    G = cfg.n_heads // cfg.n_kv_heads
+    B, T = h.shape[:2]
+    return y[:, :, :, :G].reshape(B, T, cfg.n_heads, -1), y[:, :, :, G], y[:, :, :, G + 1]
+
+
+def _gate_up(h, p):
+    if "w_gu" not in p:
+        return jnp.einsum("BTD,DF->BTF", h, p["w_gate"]), jnp.einsum("BTD,DF->BTF", h, p["w_up"])
+    y = jnp.einsum("BTD,DJF->BTJF", h, p["w_gu"])
+    return y[:, :, 0], y[:, :, 1]
+
+
 def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
             tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
             score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None):
     """Run T new tokens per sequence through the model, appending their K/V to the cache.
 
     Args:
-      params: parameter pytree (layout in config.py).
+      params: parameter pytree (layout in config.py; stored or `fuse_projections` layout).
       tokens: int32[B, T]; row b's tokens go to slots cache.lengths[b] + t.
       cache: the KV cache; its lengths advance by `n_new` (default T; a ragged prefill passes the real
         per-row counts and right-pads the rest, whose entries then lie beyond the new lengths).
@@ -105,9 +143,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     for i in range(cfg.n_layers):
         p = jax.tree.map(lambda w: w[i], params["layers"])
         h = rms_norm(x, p["attn_norm"], eps)
-        q = jnp.einsum("BTD,DNH->BTNH", h, p["wq"])
-        k = jnp.einsum("BTD,DKH->BTKH", h, p["wk"])
-        v = jnp.einsum("BTD,DKH->BTKH", h, p["wv"])
+        q, k, v = _project_qkv(h, p, cfg)
         if cfg.qkv_bias:
             q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
         if cfg.qk_norm:  # Qwen3 normalises each head before RoPE
@@ -129,8 +165,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         x = x + jnp.einsum("BTNH,NHD->BTD", o.astype(x.dtype), p["wo"],
                            preferred_element_type=jnp.float32).astype(x.dtype)
         h = rms_norm(x, p["mlp_norm"], eps)
-        g = jnp.einsum("BTD,DF->BTF", h, p["w_gate"])
-        u = jnp.einsum("BTD,DF->BTF", h, p["w_up"])
+        g, u = _gate_up(h, p)
         x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(g) * u, p["w_down"],
                            preferred_element_type=jnp.float32).astype(x.dtype)
 

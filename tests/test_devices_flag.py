@@ -44,8 +44,9 @@ def test_two_devices_match_one(report):
 def test_params_are_sharded(report):
     s = report["sharding"]
     assert s["mesh"] == {"tp": 2}
-    assert s["wq"] == "(None, None, 'tp')" and s["wk"] == "(None, None, 'tp')"
-    assert s["wq_shard"][2] == 2     # [L, D, N/tp, H]: 4 query heads -> 2 per device
+    # jspec.load hands out the fused runtime layout (model.fuse_projections), sharded on its K / F axis.
+    assert s["wqkv"] == "(None, None, 'tp')" and s["w_gu"] == "(None, None, None, 'tp')"
+    assert s["wqkv_shard"][2:4] == [1, 4]     # [L, D, K/tp, G+2, H]: 2 KV heads -> 1 per device, G = 2
 
 
 def test_errors(report):
@@ -112,9 +113,9 @@ def _worker(out_dir):
         rc, _, err = run("--devices", n)
         report["errors"][n] = {"rc": rc, "err": err}
     m = jspec.load(ckpt, devices=2)
-    wq, wk = m.params["layers"]["wq"], m.params["layers"]["wk"]
-    report["sharding"] = {"mesh": dict(m.mesh.shape), "wq": _spec(wq), "wk": _spec(wk),
-                          "wq_shard": list(wq.addressable_shards[0].data.shape)}
+    wqkv, w_gu = m.params["layers"]["wqkv"], m.params["layers"]["w_gu"]
+    report["sharding"] = {"mesh": dict(m.mesh.shape), "wqkv": _spec(wqkv), "w_gu": _spec(w_gu),
+                          "wqkv_shard": list(wqkv.addressable_shards[0].data.shape)}
     print(json.dumps(report))
 
 

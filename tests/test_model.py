@@ -249,3 +249,25 @@ def test_pallas_interpret_path_matches_xla_in_the_model(arch):
         res[name] = (a, b, c, aux["scores"], d, e)
     for got, want in zip(res["pallas"], res["xla"]):
         np.testing.assert_allclose(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_projections_equal_separate_weights(arch):
+    """model.fuse_projections (the layout jspec.load hands out): the same logits and cache entries as the
+    stored layout, prefill and a one-token step, for every family (Qwen2's biases, Qwen3's q/k norms); GQA
+    heads keep their order (query head n reads KV head n // G)."""
+    cfg = tiny(arch, n_heads=6, n_kv_heads=2)      # G = 3, as SmolLM2
+    params = _params(cfg)
+    fused = model.fuse_projections(params, cfg)
+    lp = fused["layers"]
+    assert "wq" not in lp and "w_gate" not in lp and lp["wqkv"].shape == (2, 64, 2, 5, 16)
+    assert lp["w_gu"].shape == (2, 64, 2, 96) and model.fuse_projections(fused, cfg) is fused   # idempotent
+    toks = jax.random.randint(jax.random.key(2), (2, 12), 0, cfg.vocab_size)
+    outs = []
+    for p in (params, fused):
+        cache = kv_cache.init(cfg, batch=2, capacity=16)
+        lg1, cache, _ = model.forward(p, cfg, toks[:, :11], cache)
+        lg2, cache, _ = model.forward(p, cfg, toks[:, 11:], cache)
+        outs.append((lg1, lg2, cache.k, cache.v))
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
