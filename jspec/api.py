@@ -47,6 +47,7 @@ class Stats:
     tau: float = 1.0             # mean tokens emitted per target forward
     accept_hist: Optional[list[int]] = None   # rounds that accepted n = 0..gamma drafts (whole batch)
     rounds: Optional[list[int]] = None        # target verifications per sequence (speculative methods)
+    tau_per_sequence: Optional[list[float]] = None   # each sequence's tau; a batch runs as long as its slowest
     knobs: Optional[dict] = None              # the SpecConfig of a speculative method
 
 
@@ -278,5 +279,5 @@ def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_
     stats = Stats(method=spec.method, batch=B, prompt_tokens=lengths.tolist(), new_tokens=n_out.tolist(),
                   prefill_s=t1 - t0, decode_s=t2 - t1, tokens_per_s=decoded / max(t2 - t1, 1e-9), tau=st.tau(),
                   accept_hist=np.asarray(st.accept_hist).sum(0).tolist(), rounds=np.asarray(st.rounds).tolist(),
-                  knobs=spec.describe())
+                  tau_per_sequence=[round(float(x), 4) for x in st.tau_per_sequence()], knobs=spec.describe())
     return Output(texts=texts, tokens=toks, stats=stats)

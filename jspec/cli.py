@@ -68,6 +68,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
             print(t)
         print(f"--- {method}: batch {s.batch}, prefill {s.prefill_s:.2f} s, decode {s.decode_s:.2f} s "
               f"(includes compilation on first use), {s.tokens_per_s:.1f} tokens/s, tau {s.tau:.2f}"
+              + (f" (per sequence {min(s.tau_per_sequence):.2f}-{max(s.tau_per_sequence):.2f})"
+                 if s.tau_per_sequence and s.batch > 1 else "")
               + (f", accepted-length histogram {s.accept_hist}" if s.accept_hist else ""))
     return out
 

@@ -4,7 +4,7 @@
 (q/k/v bias) or Qwen3 (q/k RMSNorm). `SamplingConfig` describes how logits become tokens.
 
 The in-memory parameter layout (one layout; every format translation lives in `checkpoints/`) is a plain
-nested dict, layers stacked on a leading L axis and run with `lax.scan`:
+nested dict, layers stacked on a leading L axis (the forward unrolls the layer loop, model.py):
 
     embed        [V, D]
     final_norm   [D]

@@ -378,7 +378,7 @@ def test_real_model_f32_greedy_identical(smollm2_ckpt, which):
         pytest.skip(f"no trained drafter at {DRAFTER_DIR}")
     params, cfg = checkpoints.load(smollm2_ckpt)
     cfg = dataclasses.replace(cfg, dtype="float32")
-    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+    params = model.fuse_projections(jax.tree.map(lambda x: x.astype(jnp.float32), params), cfg)   # as jspec.load
     if which == "trained":
         d = load_drafter(DRAFTER_DIR, dtype="float32")
         drafter, window = d.params, d.window

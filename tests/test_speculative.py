@@ -188,6 +188,7 @@ def test_generate_api_fills_speculative_stats_and_rejects_bad_requests():
     assert s.method == "vegas" and s.knobs["gamma"] == 2 and len(s.accept_hist) == 3
     assert s.tau == pytest.approx(sum((n + 1) * c for n, c in enumerate(s.accept_hist)) / sum(s.accept_hist))
     assert sum(s.rounds) == sum(s.accept_hist)
+    assert len(s.tau_per_sequence) == 2 and s.tau == pytest.approx(np.average(s.tau_per_sequence, weights=s.rounds))
     with pytest.raises(jspec.InputError, match="unknown method 'medusa'"):
         jspec.generate(m, prompts, method="medusa")
     with pytest.raises(jspec.InputError, match="gamma=0"):
@@ -221,6 +222,9 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     sel = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["stats"]["knobs"]["topk"] == "select"   # the default
     assert sel["stats"]["knobs"]["topk"] == "sort" and sel["tokens"] == res["tokens"]
+    assert cli.main(argv[:-1] + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8"]) == 0
+    lo, hi = min(res["stats"]["tau_per_sequence"]), max(res["stats"]["tau_per_sequence"])
+    assert f"(per sequence {lo:.2f}-{hi:.2f})" in capsys.readouterr().out   # the text summary line
 
 
 @pytest.mark.parametrize("method", ["vegas", "streaming"])

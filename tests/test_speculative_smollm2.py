@@ -26,7 +26,7 @@ import pytest
 
 from jspec import data
 from jspec import decoding as gen
-from jspec import kv_cache, speculative
+from jspec import kv_cache, model, speculative
 from jspec.config import SamplingConfig
 from jspec.speculative import SpecConfig
 
@@ -44,6 +44,7 @@ def real(smollm2_ckpt):
     from transformers import AutoTokenizer
 
     params, cfg = checkpoints.load(smollm2_ckpt)
+    params = model.fuse_projections(params, cfg)   # the layout jspec.load hands out
     tok = AutoTokenizer.from_pretrained(os.path.join(smollm2_ckpt, "tokenizer"))
     prompts = [data.long_prompts(tok, 300, 1, sources=("inspect",))[0],
                data.long_prompts(tok, 500, 1, sources=("typing",))[0]]
