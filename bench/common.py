@@ -7,6 +7,7 @@ import subprocess
 import time
 
 import jax
+import numpy as np
 
 HBM_BYTES_PER_S = 4.3e12   # measured device-to-device copy ceiling on the H200 (../shared/gpu/README.md)
 
@@ -111,7 +112,6 @@ def row_stats(stats) -> dict:
     """Per-sequence acceptance of a speculative run (jspec.speculative.engine.SpecStats): each row's tau, the
     smallest, and `straggler` = rounds of the slowest row / mean rounds per row. A static batch runs as many
     rounds as its slowest row, so its tokens/s is the mean-rounds rate divided by `straggler`."""
-    import numpy as np
     rounds = np.asarray(stats.rounds)
     taus = stats.tau_per_sequence()
     return dict(tau_rows=[round(float(x), 3) for x in taus], tau_row_min=round(float(taus.min()), 3),

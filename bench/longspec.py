@@ -311,8 +311,8 @@ def main():
                 prof, cache, logits = _profile_round(compiled, P, spec, prep_spec(spec), params, dparams, cache,
                                                      logits, last, tokens, lens, key)
                 profiles[",".join(map(str, w))] = prof
-                print(json.dumps({"profile": w, **{k: prof[k] for k in ("rounds", "wall_ms_per_round", "device_ms_per_round", "idle_ms_per_round", "idle_before")}}),
-                      flush=True)
+                keys = ("rounds", "wall_ms_per_round", "device_ms_per_round", "idle_ms_per_round", "idle_before")
+                print(json.dumps({"profile": w, **{k: prof[k] for k in keys}}), flush=True)
         del cache, logits
 
     summary = _summary(records, sweep, widths)

@@ -470,6 +470,19 @@ def _find(records, method, L, B, group="grid", **kw):
     return None
 
 
+def _tau_ratios(records, sweep, by, **fixed):
+    """{value of `by`: tau(vegas) / tau(streaming)} at the sweep shape, the `fixed` knobs equal, ablations left out."""
+    taus = {}
+    for r in records:
+        knobs = r.get("knobs", {})
+        if (r["L"], r["B"]) == sweep and r["method"] in ("vegas", "streaming") and \
+                all(r[k] == v for k, v in fixed.items()) and knobs.get("collect") != "all" and \
+                knobs.get("score_mode") != "logits":
+            taus.setdefault(r[by], {})[r["method"]] = r["tau"]
+    return {v: round(d["vegas"] / d["streaming"], 3) for v, d in sorted(taus.items())
+            if "vegas" in d and "streaming" in d}
+
+
 def _summary(records, splits, sweep, split, Ls, Bs, a):
     big = (8000, 64) if (8000 in Ls and 64 in Bs) else (max(Ls), max(Bs))
     out = {"shape_speedup": f"L{big[0]}_B{big[1]}", "shape_tau": f"L{sweep[0]}_B{sweep[1]}",
@@ -488,26 +501,14 @@ def _summary(records, splits, sweep, split, Ls, Bs, a):
             out[f"{mth}_tau"] = r["tau"]
     for s in splits:
         out[f"{s['method']}_selection_frac"] = s["selection_frac"]
-    by_budget = {}
-    for r in records:
-        if (r["L"], r["B"]) == sweep and r["method"] in ("vegas", "streaming") and r["gamma"] == a.gamma \
-                and not r.get("knobs", {}).get("collect") == "all" and r.get("knobs", {}).get("score_mode") != "logits":
-            by_budget.setdefault(r["budget"], {})[r["method"]] = r["tau"]
-    out["tau_ratio_by_budget"] = {b: round(d["vegas"] / d["streaming"], 3) for b, d in sorted(by_budget.items())
-                                  if "vegas" in d and "streaming" in d}
+    out["tau_ratio_by_budget"] = _tau_ratios(records, sweep, "budget", gamma=a.gamma)
     gam = [r for r in records if (r["L"], r["B"]) == sweep and r["method"] == "vegas" and r["budget"] == a.budget
            and r.get("knobs", {}).get("collect") == "c2q" and r.get("knobs", {}).get("score_mode") == "weights"]
     if gam:
         best = max(gam, key=lambda r: r["tokens_per_s"])
         out["vegas_best_gamma"] = best["gamma"]
         out["vegas_best_gamma_speedup_vs_ar"] = best["speedup_vs_ar"]
-    by_gamma = {}   # tau of vegas / streaming at the same gamma and budget (--gamma-methods vegas,streaming)
-    for r in records:
-        if (r["L"], r["B"]) == sweep and r["method"] in ("vegas", "streaming") and r["budget"] == a.budget \
-                and r.get("knobs", {}).get("collect") != "all" and r.get("knobs", {}).get("score_mode") != "logits":
-            by_gamma.setdefault(r["gamma"], {})[r["method"]] = r["tau"]
-    out["tau_ratio_by_gamma"] = {g: round(d["vegas"] / d["streaming"], 3) for g, d in sorted(by_gamma.items())
-                                 if "vegas" in d and "streaming" in d}
+    out["tau_ratio_by_gamma"] = _tau_ratios(records, sweep, "gamma", budget=a.budget)   # --gamma-methods
     agree = [r["agree_with_ar"] for r in records if r["method"] != "ar"]
     out["agree_with_ar_min"] = min(agree) if agree else None
     out["agree_with_ar_mean"] = round(float(np.mean(agree)), 3) if agree else None

@@ -234,8 +234,8 @@ def score_weights(sc, lse_sel, kv_len, sel_t, sel_w, *, T, interpret=False, bloc
     """The "weights" epilogue as one Pallas pass: [B, S] = sum over KV heads k and score rows i of
     sel_w[i] * exp(sc[b, k, i, j] - lse_sel[b, k, i]) where row i may see j (j < kv_len - T + sel_t[i] + 1).
 
-    sc [B, K, Rp, S] raw logits from the flash kernel (f32 or f16); lse_sel [B, K, Rp] f32 their rows' final LSE. It reads
-    each valid logit once (masked loads skip padding rows and unseen positions); the XLA expression it
+    sc [B, K, Rp, S] raw logits from the flash kernel (f32 or f16); lse_sel [B, K, Rp] f32 their rows' final
+    LSE. It reads each valid logit once (masked loads skip padding rows and unseen positions); the XLA expression it
     replaces ran as one fused reduction ~6x slower than its bytes on the H200 (bench/results/
     profile_round_h200.json: 1.66 ms per SmolLM2 verification at B=64, L=8000).
     """

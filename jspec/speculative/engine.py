@@ -65,14 +65,17 @@ class SpecStats:
 
     def tau(self) -> float:
         """Mean tokens emitted per verification (accepted drafts + 1), host-side."""
-        h = np.asarray(self.accept_hist).sum(0)
-        return float((h * np.arange(1, h.size + 1)).sum() / max(h.sum(), 1))
+        return float(_mean_emitted(np.asarray(self.accept_hist).sum(0)))
 
     def tau_per_sequence(self) -> np.ndarray:
         """f64[B] tau of each sequence, host-side. A batch runs until its slowest sequence is done, so the
         smallest of these, not the mean, sets a static batch's rounds (bench records: straggler)."""
-        h = np.asarray(self.accept_hist)
-        return (h * np.arange(1, h.shape[1] + 1)).sum(1) / np.maximum(h.sum(1), 1)
+        return _mean_emitted(np.asarray(self.accept_hist))
+
+
+def _mean_emitted(hist):
+    """Tokens per round from accepted-length histograms [..., depth + 1] (n accepted -> n + 1 emitted)."""
+    return (hist * np.arange(1, hist.shape[-1] + 1)).sum(-1) / np.maximum(hist.sum(-1), 1)
 
 
 def _method(spec: SpecConfig):
