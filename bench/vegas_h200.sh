@@ -5,6 +5,7 @@
 #   bash bench/vegas_h200.sh gamma     # vegas and streaming at gamma 4/6/8 and budgets 128-512, L=8000 B=64
 #   bash bench/vegas_h200.sh grid      # the full bench/spec.py grid (no Hugging Face run: hf_static_h200.json)
 #   bash bench/vegas_h200.sh fuse      # A/B of jspec.load's fused q/k/v + gate/up weights, L=8000, B=64 and 16
+#   bash bench/vegas_h200.sh flash     # flash_scores launch-parameter sweep at B=64, L=8000 (T=1 and T=5 + scores)
 set -uo pipefail
 mode=${1:?profile or gamma}
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
@@ -30,5 +31,8 @@ case "$mode" in
         --split-shape 8000x64 --budget-s 240 $extra 2>&1 | grep -v Warning | tee "$OUT/spec_fuse_${arm}_log.txt" \
         | grep -A12 "method          L"
     done ;;
+  flash)
+    timeout "${T5:-200}" python3 bench/flash_sweep.py --out "$OUT/flash_sweep_h200.json" --budget-s "${BUDGET_S:-170}" \
+      2>&1 | grep -v Warning | tee "$OUT/flash_sweep_h200_log.txt" | tail -8 ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

@@ -175,7 +175,8 @@ def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()
     Args:
       q: [B, T, N, H]; k_all, v_all: [L, B, S, K, H]; layer: static layer index;
       kv_len: int32[B] (including the T new entries);
-      idx: int32[B, M] selected cache positions (all < kv_len - T); n_valid: int32[B].
+      idx: int32[B, M] selected cache positions (all < kv_len - T); n_valid: int32[B]. Or every layer's
+        selections, idx int32[L, B, M] and n_valid int32[L, B]: the kernel reads row `layer` itself.
     Returns:
       out [B, T, N, H].
     """
@@ -188,6 +189,8 @@ def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()
         except NotImplementedError:
             if impl.backend == "pallas":
                 raise
+    if idx.ndim == 3:
+        idx, n_valid = idx[layer], n_valid[layer]
     k, v = k_all[layer], v_all[layer]
     return _sparse_xla(q, k, v, kv_len, idx, n_valid)
 

@@ -154,7 +154,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
             sel_idx, sel_n = selector(i, q)
             o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, sel_n, impl=impl)
         elif sparse is not None:
-            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx[i], sparse.n_valid[i], impl=impl)
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx, sparse.n_valid, impl=impl)
         else:
             o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
                                        score_rows=score_rows, score_mode=score_mode, impl=impl)

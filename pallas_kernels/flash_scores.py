@@ -211,51 +211,64 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     )(*args)
 
 
-def _weights_kernel(kv_len_ref, sc_ref, lse_ref, st_ref, sw_ref, w_ref, *, T, block_s):
+def _weights_kernel(kv_len_ref, sc_ref, lse_ref, sel_ref, st_ref, sw_ref, w_ref, *, T, R, block_s):
     """One program: positions [j*block_s, +block_s) of one sequence. sc_ref [K, Rp, S] raw logits of the score
-    rows (junk where a row may not look and in padding rows), lse_ref [K, Rp], st_ref / sw_ref [Rp] row index
-    and multiplicity (0: padding). w_ref [S] <- sum over heads and rows of mult * exp(logit - lse)."""
-    K, Rp, S = sc_ref.shape
+    rows (junk where a row may not look and in padding rows; only the first R are read), lse_ref [K, Mp] the
+    natural-log LSE of every packed query row, sel_ref / st_ref / sw_ref [R] each score row's packed row, row
+    index t and multiplicity (0: padding). w_ref [S] <- sum over heads and rows of mult * exp(logit - lse)."""
+    K = sc_ref.shape[0]
+    S = sc_ref.shape[2]
     start = pl.multiple_of(pl.program_id(1) * block_s, block_s)
     pos = start + jnp.arange(block_s)
     in_range = pos < S
-    rows_ok = sw_ref[...] > 0
-    seen = (pos[None, :] < (kv_len_ref[()] - T + st_ref[...] + 1)[:, None]) & rows_ok[:, None] & in_range[None, :]
+    mult = sw_ref[...]
+    seen = (pos[None, :] < (kv_len_ref[()] - T + st_ref[...] + 1)[:, None]) & (mult > 0)[:, None] & in_range[None, :]
+    rows = sel_ref[...]
     acc = jnp.zeros((block_s,), jnp.float32)
     for h in range(K):   # K is small (KV heads); static unroll
         hh = jnp.int32(h)
-        x = plgpu.load(sc_ref.at[hh, :, pl.ds(start, block_s)], mask=seen, other=0.0).astype(jnp.float32)
-        w = jnp.exp(x - lse_ref[hh, :][:, None]) * sw_ref[...][:, None]
+        lse2 = lse_ref[hh, rows] * C.LOG2E                 # base 2: exp2 is one instruction, exp is not
+        x = plgpu.load(sc_ref.at[hh, pl.ds(0, R), pl.ds(start, block_s)], mask=seen, other=0.0)
+        w = jnp.exp2(x.astype(jnp.float32) * C.LOG2E - lse2[:, None]) * mult[:, None]
         acc += jnp.sum(jnp.where(seen, w, 0.0), axis=0)
     plgpu.store(w_ref.at[pl.ds(start, block_s)], acc, mask=in_range)
 
 
-def score_weights(sc, lse_sel, kv_len, sel_t, sel_w, *, T, interpret=False, block_s=512):
+def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, block_s=512):
     """The "weights" epilogue as one Pallas pass: [B, S] = sum over KV heads k and score rows i of
-    sel_w[i] * exp(sc[b, k, i, j] - lse_sel[b, k, i]) where row i may see j (j < kv_len - T + sel_t[i] + 1).
+    sel_w[i] * exp(sc[b, k, i, j] - lse[b, k, sel[i]]) where row i may see j (j < kv_len - T + sel_t[i] + 1).
 
-    sc [B, K, Rp, S] raw logits from the flash kernel (f32 or f16); lse_sel [B, K, Rp] f32 their rows' final
-    LSE. It reads each valid logit once (masked loads skip padding rows and unseen positions); the XLA expression it
-    replaces ran as one fused reduction ~6x slower than its bytes on the H200 (bench/results/
-    profile_round_h200.json: 1.66 ms per SmolLM2 verification at B=64, L=8000).
+    sc [B, K, Rp, S] raw logits from the flash kernel (f32 or f16), row i that of packed query row sel[i];
+    lse [B, K, Mp] f32 the final LSE of every packed row (gathered here: no extra launch); sel, sel_t, sel_w
+    [R] int32 / int32 / f32 with R <= Rp a power of two, padding rows weighted 0. Only the R rows are read
+    (the kernel's Rp >= 16 is Triton's dot minimum, not the number of score rows). Each valid logit is read
+    once; exp runs as exp2 on pre-scaled inputs. History: the XLA expression this replaced ran ~6x slower
+    than its bytes (bench/results/profile_round_h200.json); this kernel's first version, libdevice exp over
+    all Rp = 16 rows, was compute-bound at 25.7 us per SmolLM2 layer at B=64, L=8000
+    (bench/results/prof_pieces_h200.json, 3x its bytes' time).
     """
     B, K, Rp, S = sc.shape
+    R = sel.shape[0]
+    if R > Rp or R & (R - 1):
+        raise ValueError(f"{R=} score rows must be a power of two <= {Rp=}")
     block_s = min(block_s, C.prev_pow2(S))
-    kernel = functools.partial(_weights_kernel, T=T, block_s=block_s)
+    Mp = lse.shape[2]
+    kernel = functools.partial(_weights_kernel, T=T, R=R, block_s=block_s)
+    vec = pl.BlockSpec((R,), lambda b, j: (0,))
     return pl.pallas_call(
         kernel,
         grid=(B, C.cdiv(S, block_s)),
         in_specs=[pl.BlockSpec((None,), lambda b, j: (b,)),
                   pl.BlockSpec((None, K, Rp, S), lambda b, j: (b, 0, 0, 0)),
-                  pl.BlockSpec((None, K, Rp), lambda b, j: (b, 0, 0)),
-                  pl.BlockSpec((Rp,), lambda b, j: (0,)),
-                  pl.BlockSpec((Rp,), lambda b, j: (0,))],
+                  pl.BlockSpec((None, K, Mp), lambda b, j: (b, 0, 0)),
+                  vec, vec, vec],
         out_specs=pl.BlockSpec((None, S), lambda b, j: (b, 0)),
         out_shape=jax.ShapeDtypeStruct((B, S), jnp.float32),
         compiler_params=C.BlockSizes(num_warps=4, num_stages=1).compiler_params(),
         interpret=interpret,
         name="score_weights",
-    )(kv_len.astype(jnp.int32), sc, lse_sel, sel_t, sel_w)
+    )(kv_len.astype(jnp.int32), sc, lse.astype(jnp.float32), sel.astype(jnp.int32), sel_t.astype(jnp.int32),
+      sel_w.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret"))
@@ -297,8 +310,9 @@ def flash_scores_kernel(q, k, v, kv_len, *, score_rows=(), score_mode="weights",
     if rows:
         j = jnp.arange(S)
         if score_mode == "weights":
-            lse_sel = jnp.pad(lse[:, :, sel], ((0, 0), (0, 0), (0, Rp - n_sel)))
-            scores = score_weights(sc, lse_sel, kv_len, sel_t, sel_w, T=T, interpret=interpret)
+            R = C.next_pow2(n_sel)   # the epilogue reads these rows only (Rp >= 16 is for the kernel's dot)
+            scores = score_weights(sc, lse, kv_len, jnp.asarray(np.pad(sel, (0, R - n_sel)), jnp.int32),
+                                   sel_t[:R], sel_w[:R], T=T, interpret=interpret)
         else:
             scores = jnp.where(j[None, :] < (kv_len - T + max(rows) + 1)[:, None], sc.sum(axis=1), 0.0)
     return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N), scores

@@ -110,6 +110,8 @@ def sparse_attention_reference(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_s
                                block_sizes=None, interpret=False, layer=None):
     """Reference for `sparse_attention`: gathers idx[b, :n_valid[b]] (+ the causal tail) densely."""
     del block_sizes, interpret
+    if idx.ndim == 3:   # every layer's selections: this layer's
+        idx, n_valid = idx[layer], n_valid[layer]
     k, v = _one_layer(k, v, layer)
     T = q.shape[1]
     pos, vis = sparse_mask_and_positions(idx, n_valid, kv_len, T, tail)

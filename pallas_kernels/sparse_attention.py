@@ -6,10 +6,12 @@ DESIGN.md section 3.2. One index set per (batch, layer) is shared by all heads o
 Supported: head_dim in (64, 128); GQA with N % K == 0 (tested G = 1, 3, 4, 8); bf16 / f16 / f32; S >= 16;
 any M (index capacity) and small T (the packed T*G rows share one tile up to block_m rows).
 
-How: the wrapper appends the tail positions kv_len-T .. kv_len-1 right after the n_valid real entries
-and clamps every index into [0, S), so the kernel sees one flat list of `n_valid + T` entries and every
-gathered address is in bounds. Entry e >= n_valid is tail token u = e - n_valid, visible to row t iff
-u <= t; entries before n_valid are visible to every row. The grid is (B, K, row blocks, splits): split-K
+How: the kernel reads one flat list of `n_valid + T` entries: idx[:n_valid], then the tail positions
+kv_len-T .. kv_len-1, every position clamped into [0, S) so each gathered address is in bounds. The list is
+formed block by block inside the kernel from idx, n_valid and kv_len (building it in XLA cost one more
+launch per layer and draft step: ~1.4 us of a ~44 us SmolLM2 layer at B=64, bench/results/
+prof_pieces_h200.json). Entry e >= n_valid is tail token u = e - n_valid, visible to row t iff u <= t;
+entries before n_valid are visible to every row. The grid is (B, K, row blocks, splits): split-K
 over the list so a batch of one still fills the GPU, partial (out, lse) merged exactly afterwards.
 K/V rows are gathered with integer-array ref indexing (`k_ref[idx, :]`): each row is H contiguous
 elements, so a gather of block_k rows is block_k coalesced 128/256-byte reads.
@@ -22,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from . import _common as C
 from .reference import sparse_attention_reference
@@ -36,30 +39,40 @@ def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
     return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
 
 
-def _sparse_kernel(layer_ref, n_valid_ref, n_total_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, sm_scale,
-                   block_k, per_split):
-    """layer_ref, n_valid_ref, n_total_ref: [] int32; idx_ref: [E] int32 positions (in bounds); q_ref: [bm,H];
+def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, T, n_tail,
+                   sm_scale, block_k, per_split, per_layer):
+    """layer_ref, kv_len_ref: [] int32; n_valid_ref [Li] int32, idx_ref: [Li, M] int32 selected positions (junk
+    past n_valid), read at row `layer` when per_layer (one selection per layer) else row 0; q_ref: [bm,H];
     k_ref, v_ref: [L,S,H] (read at layer `layer_ref`); outputs o_ref [bm,H], lse_ref [bm] for this split."""
     block_m, head_dim = q_ref.shape
+    M, S = idx_ref.shape[1], k_ref.shape[1]
     m_blk, split = pl.program_id(2), pl.program_id(3)
-    layer, n_valid, n_total = layer_ref[()], n_valid_ref[()], n_total_ref[()]
+    layer, kv_len = layer_ref[()], kv_len_ref[()]
+    li = layer if per_layer else 0
+    n_valid = jnp.clip(n_valid_ref[li], 0, M)
+    n_total = n_valid + n_tail
     t = (m_blk * block_m + jnp.arange(block_m)) // G
     lo = split * per_split
     hi = jnp.minimum(lo + per_split, pl.cdiv(n_total, block_k))
-    mid = jnp.clip(n_valid // block_k, lo, hi)  # blocks of real entries only: no mask needed
+    mid = jnp.clip(n_valid // block_k, lo, hi)  # blocks of selected entries only: no mask needed
     q = q_ref[...]
     scale2 = sm_scale * C.LOG2E
 
     def body(masked):
         def step(i, carry):
             start = pl.multiple_of(i * block_k, block_k)
-            idx = idx_ref[pl.ds(start, block_k)]
+            e = start + jnp.arange(block_k)
+            idx = idx_ref[li, jnp.minimum(e, M - 1)]   # a gather: in bounds for any M, no padding needed
+            if masked:   # the list's end: selected entries, then the tail, then nothing
+                tail_pos = jnp.where(e < n_total, kv_len - T + (e - n_valid), 0)   # past the list: a finite slot
+                idx = jnp.where(e < n_valid, idx, tail_pos)
+            idx = jnp.clip(idx, 0, S - 1)
             k = k_ref[layer, idx, :]
             v = v_ref[layer, idx, :]
             s = C.dot_nt(q, k) * scale2
             if masked:
-                rel = (start + jnp.arange(block_k) - n_valid)[None, :]  # >= 0: tail token number
-                seen = (rel < 0) | ((rel <= t[:, None]) & (rel < n_total - n_valid))
+                rel = (e - n_valid)[None, :]  # >= 0: tail token number
+                seen = (rel < 0) | ((rel <= t[:, None]) & (rel < n_tail))
                 s = jnp.where(seen, s, -jnp.inf)
             return C.softmax_step(carry, s, v)
 
@@ -75,7 +88,11 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
     K, G = C.check_attention_shapes(q, k, v, layer)
     C.check_platform(interpret)
     B, T, N, H = q.shape
-    S, M = C.layer_shape(k, layer)[1], idx.shape[1]
+    S, M = C.layer_shape(k, layer)[1], idx.shape[-1]
+    per_layer = idx.ndim == 3
+    if per_layer and (layer is None or idx.shape[0] != k.shape[0] or n_valid.shape != idx.shape[:2]):
+        raise ValueError(f"per-layer selections idx [L,B,M] need the stacked cache and a layer; got {idx.shape=} "
+                         f"{n_valid.shape=} {k.shape=} {layer=}")
     sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
     bs = block_sizes or default_block_sizes(T * G, H, q.dtype)
     block_m = C.row_block(T * G, bs.block_m)
@@ -86,17 +103,11 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
     n_m = qp.shape[2] // block_m
     n_tail = T if tail else 0
     splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * K * n_m, bs.num_splits, min_blocks=2)
-    L = splits * per_split * block_k
-
-    # Flat entry list: idx[:n_valid], then the tail positions, then padding; all clamped into the cache.
-    n_valid = jnp.clip(n_valid.astype(jnp.int32), 0, M)
-    e = jnp.arange(L)[None, :]
-    rel = e - n_valid[:, None]
-    entries = jnp.where(rel < 0, jnp.pad(idx.astype(jnp.int32), ((0, 0), (0, L - M))),
-                        jnp.where(rel < n_tail, kv_len[:, None].astype(jnp.int32) - T + rel, 0))
-    entries = jnp.clip(entries, 0, S - 1)
-
-    kernel = functools.partial(_sparse_kernel, G=G, sm_scale=sm_scale, block_k=block_k, per_split=per_split)
+    kernel = functools.partial(_sparse_kernel, G=G, T=T, n_tail=n_tail, sm_scale=sm_scale, block_k=block_k,
+                               per_split=per_split, per_layer=per_layer)
+    if not per_layer:
+        idx, n_valid = idx[None], n_valid[None]
+    Li = idx.shape[0]
     scalar = pl.BlockSpec((None,), lambda b, h, m, s: (b,))
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
@@ -106,9 +117,9 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
         grid=(B, K, n_m, splits),
         in_specs=[
             C.LAYER_SPEC,
+            pl.BlockSpec((Li, None), lambda b, h, m, s: (0, b)),
             scalar,
-            scalar,
-            pl.BlockSpec((None, L), lambda b, h, m, s: (b, 0)),
+            pl.BlockSpec((Li, None, M), lambda b, h, m, s: (0, b, 0)),
             pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
             kv_spec,
             kv_spec,
@@ -124,7 +135,7 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
         compiler_params=bs.compiler_params(),
         interpret=interpret,
         name="sparse_attention",
-    )(layer, n_valid, n_valid + n_tail, entries, qp, k, v)
+    )(layer, n_valid.astype(jnp.int32), kv_len.astype(jnp.int32), idx.astype(jnp.int32), qp, k, v)
     o, lse = C.combine_splits(o, lse)
     return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
 
@@ -137,7 +148,8 @@ def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None,
       q: [B,T,N,H] queries of the T newest tokens.
       k, v: [B,S,K,H] one layer's full cache, or the stacked [L,B,S,K,H] cache with a `layer` index (int or traced).
       idx: int32[B,M] selected positions, each < kv_len[b] - T, no duplicates, any order; entries
-        idx[b, n_valid[b]:] are junk and ignored.
+        idx[b, n_valid[b]:] are junk and ignored. Or, with the stacked cache, every layer's selections
+        int32[L,B,M] (and n_valid int32[L,B]), read at `layer` inside the kernel: no per-layer slice.
       n_valid: int32[B] number of real entries per sequence (0 allowed when tail=True).
       kv_len: int32[B] valid cache length including the T new tokens (at kv_len-T .. kv_len-1).
       tail: also attend causally over the T newest tokens (row t sees tail tokens 0..t).

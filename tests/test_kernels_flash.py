@@ -163,27 +163,30 @@ def test_lowers_to_triton_at_model_shapes(N, K, H, T, rows):
         assert ("xf16>" in hlo) == (mode == "weights" and bool(rows))   # bf16 K/V: float16 score-row logits
 
 
-@pytest.mark.parametrize("S,block_s,logits_dtype", [(200, 64, np.float32), (48, 512, np.float32),
-                                                    (200, 64, np.float16)])   # S % block != 0; S < block
-def test_score_weights_epilogue_ignores_junk(S, block_s, logits_dtype):
-    """The weights epilogue alone against numpy: NaN in padding rows and in positions a row may not see (the
-    flash kernel leaves those unwritten) must not reach the result; float16 logits (16-bit K/V) are read
-    as float32."""
+@pytest.mark.parametrize("S,block_s,logits_dtype,R", [(200, 64, np.float32, 8), (48, 512, np.float32, 16),
+                                                      (200, 64, np.float16, 8)])   # S % block != 0; S < block
+def test_score_weights_epilogue_ignores_junk(S, block_s, logits_dtype, R):
+    """The weights epilogue alone against numpy: NaN in padding rows, in rows past the R it reads and in
+    positions a row may not see (the flash kernel leaves those unwritten) must not reach the result; each
+    score row's LSE is gathered from its packed row's; float16 logits (16-bit K/V) are read as float32."""
     from pallas_kernels.flash_scores import score_weights
 
     rng = np.random.default_rng(0)
-    B, K, Rp, T = 3, 3, 16, 5
-    rows_t = np.array([0, 0, 0, 4, 4, 4] + [0] * (Rp - 6), np.int32)     # rows (0, T-1) x G=3 heads, padded
-    mult = np.array([1.0] * 6 + [0.0] * (Rp - 6), np.float32)
+    B, K, Rp, T, Mp = 3, 3, 16, 5, 16
+    sel = np.array([0, 1, 2, 12, 13, 14] + [0] * (R - 6), np.int32)       # packed rows (0, T-1) x G=3 heads
+    rows_t = np.array([0, 0, 0, 4, 4, 4] + [0] * (R - 6), np.int32)
+    mult = np.array([1.0] * 6 + [0.0] * (R - 6), np.float32)
     kv_len = np.array([S, S - 7, 20], np.int32)
     sc = rng.normal(size=(B, K, Rp, S)).astype(np.float32) * 3
-    lse = rng.normal(size=(B, K, Rp)).astype(np.float32) + 5
-    seen = np.arange(S)[None, None, :] < (kv_len[:, None, None] - T + rows_t[None, :, None] + 1)   # [B, Rp, S]
+    lse = rng.normal(size=(B, K, Mp)).astype(np.float32) + 5
+    seen = np.arange(S)[None, None, :] < (kv_len[:, None, None] - T + rows_t[None, :, None] + 1)   # [B, R, S]
     sc[:, :, 6:] = np.nan
-    sc = np.where(seen[:, None], sc, np.nan).astype(logits_dtype)
-    want = np.where(seen[:, None], np.exp(sc.astype(np.float32) - lse[..., None]) * mult[None, None, :, None], 0.0)
-    want = np.nansum(np.where(seen[:, None] & (mult[None, None, :, None] > 0), want, 0.0), axis=(1, 2))
-    got = score_weights(jnp.asarray(sc), jnp.asarray(lse), jnp.asarray(kv_len), jnp.asarray(rows_t),
-                        jnp.asarray(mult), T=T, interpret=INTERPRET, block_s=block_s)
+    sc[:, :, :R] = np.where(seen[:, None], sc[:, :, :R], np.nan)
+    sc = sc.astype(logits_dtype)
+    lse_sel = lse[:, :, sel]                                               # [B, K, R]
+    want = np.exp(sc[:, :, :R].astype(np.float32) - lse_sel[..., None]) * mult[None, None, :, None]
+    want = np.where(seen[:, None] & (mult[None, None, :, None] > 0), want, 0.0).sum(axis=(1, 2))
+    got = score_weights(jnp.asarray(sc), jnp.asarray(lse), jnp.asarray(kv_len), jnp.asarray(sel),
+                        jnp.asarray(rows_t), jnp.asarray(mult), T=T, interpret=INTERPRET, block_s=block_s)
     assert np.isfinite(np.asarray(got)).all()
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)

@@ -124,6 +124,34 @@ def test_stacked_cache_layer_read_in_place():
                                                                   **kw)
     assert_bitwise_equal(got, kernel(q, k, v, idx, n_valid, kv_len, **kw))
 
+
+
+@pytest.mark.parametrize("layer", [1, "traced"])
+def test_per_layer_selections_read_at_layer(layer):
+    """Every layer's selections [L,B,M] handed over whole (Vegas: no per-layer slice in XLA): the kernel reads
+    row `layer` of idx and n_valid, and matches the one-layer call on that layer's selections and cache."""
+    L, B, S, M = 3, 3, 80, 24
+    rng = np.random.default_rng(7)
+    qkv = [random_qkv(16 + i, B, 1, 9, 3, 64, S, F32) for i in range(L)]
+    q = qkv[0][0]
+    k_all, v_all = jnp.stack([x[1] for x in qkv]), jnp.stack([x[2] for x in qkv])
+    kv_len = ragged_lengths(rng, B, 1, S)
+    n_valid = np.stack([np.minimum(rng.integers(0, M + 1, size=B), kv_len - 1) for _ in range(L)])
+    idx = np.stack([random_index_sets(rng, M, kv_len, 1, sort=False, n_valid=n_valid[i]) for i in range(L)])
+    kv_len = jnp.asarray(kv_len)
+    idx, n_valid = jnp.asarray(idx), jnp.asarray(n_valid, jnp.int32)
+    kw = dict(tail=True, block_sizes=BS(block_k=16), interpret=INTERPRET)
+    run = compiled(pk.sparse_attention_kernel, *_STATIC)
+    lay = jnp.int32(1) if layer == "traced" else 1
+    got = run(q, k_all, v_all, idx, n_valid, kv_len, layer=lay, **kw)
+    want = run(q, k_all[1], v_all[1], idx[1], n_valid[1], kv_len, **kw)
+    assert_bitwise_equal(got, want)
+    ref = pk.sparse_attention_reference(q, k_all, v_all, idx, n_valid, kv_len, layer=1)
+    assert_close(got[0], ref[0], F32, "out")
+    with pytest.raises(ValueError, match="per-layer selections"):
+        run(q, k_all[1], v_all[1], idx, n_valid, kv_len, **kw)
+
+
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
 @pytest.mark.parametrize("N,K,H", [(9, 3, 64), (32, 8, 128)])  # SmolLM2-135M, Llama-3-8B
 @pytest.mark.parametrize("T", [1, 5])
