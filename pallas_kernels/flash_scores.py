@@ -234,7 +234,7 @@ def _weights_kernel(kv_len_ref, sc_ref, lse_ref, sel_ref, st_ref, sw_ref, w_ref,
     plgpu.store(w_ref.at[pl.ds(start, block_s)], acc, mask=in_range)
 
 
-def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, block_s=512):
+def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, block_s=512, num_warps=4):
     """The "weights" epilogue as one Pallas pass: [B, S] = sum over KV heads k and score rows i of
     sel_w[i] * exp(sc[b, k, i, j] - lse[b, k, sel[i]]) where row i may see j (j < kv_len - T + sel_t[i] + 1).
 
@@ -264,7 +264,7 @@ def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, blo
                   vec, vec, vec],
         out_specs=pl.BlockSpec((None, S), lambda b, j: (b, 0)),
         out_shape=jax.ShapeDtypeStruct((B, S), jnp.float32),
-        compiler_params=C.BlockSizes(num_warps=4, num_stages=1).compiler_params(),
+        compiler_params=C.BlockSizes(num_warps=num_warps, num_stages=1).compiler_params(),
         interpret=interpret,
         name="score_weights",
     )(kv_len.astype(jnp.int32), sc, lse.astype(jnp.float32), sel.astype(jnp.int32), sel_t.astype(jnp.int32),
