@@ -30,6 +30,7 @@ LN2 = math.log(2.0)
 # even for a row that has seen no valid key yet (its l stays 0 and `finalize` reports lse = -inf).
 M_INIT = -1e30
 H200_SMS = 132
+SMEM_PER_SM = 228 * 1024   # H200 (sm_90) shared memory per SM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +85,24 @@ def num_sms() -> int:
     return H200_SMS  # interpret mode / lowering for an abstract H200
 
 
-def split_plan(num_blocks: int, programs: int, num_splits: int | None, min_blocks: int = 4):
+def resident_programs(bs: "BlockSizes", block_k: int, head_dim: int, dtype) -> int:
+    """Programs of one launch an SM holds at once, as bounded by shared memory: each keeps num_stages K+V
+    tiles of [block_k, head_dim] in flight (the packed query tile and registers are not the limit here)."""
+    tile = 2 * block_k * head_dim * jnp.dtype(dtype).itemsize
+    return max(1, SMEM_PER_SM // (bs.num_stages * tile))
+
+
+def split_plan(num_blocks: int, programs: int, num_splits: int | None, min_blocks: int = 4, resident: int = 3):
     """(splits, blocks_per_split) for split-K over `num_blocks` key blocks.
 
-    Auto mode aims at ~4 programs per SM (flash-decoding: small B*K alone cannot fill 132 SMs) while
-    keeping at least `min_blocks` blocks per split so the partial outputs stay cheap to combine.
+    Auto mode (flash-decoding: small B*K alone cannot fill 132 SMs) takes as many splits as still fit the
+    launch in ONE wave of `resident` programs per SM, keeping at least `min_blocks` blocks per split so the
+    partial outputs stay cheap to combine. One wave, not more programs: at SmolLM2's B=64, L=8000 decode
+    (192 programs, 3 resident per SM) 2 splits ran the kernel 26% faster than 3 (1.45 waves), and 2-4
+    splits were within 6% of each other at T=5 (bench/results/flash_sweep_h200.json).
     """
     if num_splits is None:
-        num_splits = min(cdiv(4 * num_sms(), max(programs, 1)), max(1, num_blocks // min_blocks))
+        num_splits = min(max(1, resident * num_sms() // max(programs, 1)), max(1, num_blocks // min_blocks))
     num_splits = max(1, min(num_splits, num_blocks))
     per_split = cdiv(num_blocks, num_splits)
     return cdiv(num_blocks, per_split), per_split

@@ -163,7 +163,8 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     if block_k < 16:
         raise NotImplementedError(f"{S=} must be >= 16")
     n_m = Mp // block_m
-    splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K * n_m, bs.num_splits)
+    splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K * n_m, bs.num_splits,
+                                     resident=C.resident_programs(bs, block_k, H, k.dtype))
     if splits > 1:
         out_dtype = jnp.float32  # partials are combined in f32
     kernel = functools.partial(
@@ -234,7 +235,7 @@ def _weights_kernel(kv_len_ref, sc_ref, lse_ref, sel_ref, st_ref, sw_ref, w_ref,
     plgpu.store(w_ref.at[pl.ds(start, block_s)], acc, mask=in_range)
 
 
-def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, block_s=512, num_warps=4):
+def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, block_s=256, num_warps=1):
     """The "weights" epilogue as one Pallas pass: [B, S] = sum over KV heads k and score rows i of
     sel_w[i] * exp(sc[b, k, i, j] - lse[b, k, sel[i]]) where row i may see j (j < kv_len - T + sel_t[i] + 1).
 
@@ -245,7 +246,9 @@ def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, blo
     once; exp runs as exp2 on pre-scaled inputs. History: the XLA expression this replaced ran ~6x slower
     than its bytes (bench/results/profile_round_h200.json); this kernel's first version, libdevice exp over
     all Rp = 16 rows, was compute-bound at 25.7 us per SmolLM2 layer at B=64, L=8000
-    (bench/results/prof_pieces_h200.json, 3x its bytes' time).
+    (bench/results/prof_pieces_h200.json, 3x its bytes' time); exp2 and reading 8 rows did not change
+    that, so it is latency-bound: small one-warp programs (block_s 256) were the fastest launch in a sweep
+    (bench/results/epilogue_sweep_h200.json: 14.8 us per launch against 23.3 us at 512 x 4 warps).
     """
     B, K, Rp, S = sc.shape
     R = sel.shape[0]

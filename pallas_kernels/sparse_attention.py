@@ -33,7 +33,7 @@ from .reference import sparse_attention_reference
 def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
     """H200 defaults: all packed rows in one tile (each gathered row is read once per KV head) and
     128 gathered entries per step (64 when a K+V tile pair would not fit 2 stages in SMEM). Split-K is
-    chosen automatically (~4 programs per SM, at least 2 blocks per split: a 5% budget of 128K is only
+    chosen automatically (as many splits as fit one wave of resident programs, at least 2 blocks per split: a 5% budget of 128K is only
     ~50 blocks, which a batch of one must still spread over the SMs)."""
     wide = head_dim * jnp.dtype(dtype).itemsize > 256
     return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
@@ -102,7 +102,8 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
     qp = C.pack_queries(q, K, block_m)
     n_m = qp.shape[2] // block_m
     n_tail = T if tail else 0
-    splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * K * n_m, bs.num_splits, min_blocks=2)
+    splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * K * n_m, bs.num_splits, min_blocks=2,
+                                     resident=C.resident_programs(bs, block_k, H, k.dtype))
     kernel = functools.partial(_sparse_kernel, G=G, T=T, n_tail=n_tail, sm_scale=sm_scale, block_k=block_k,
                                per_split=per_split, per_layer=per_layer)
     if not per_layer:

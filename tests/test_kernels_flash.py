@@ -190,3 +190,19 @@ def test_score_weights_epilogue_ignores_junk(S, block_s, logits_dtype, R):
                         jnp.asarray(rows_t), jnp.asarray(mult), T=T, interpret=INTERPRET, block_s=block_s)
     assert np.isfinite(np.asarray(got)).all()
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_split_plan_fills_one_wave():
+    """Auto split-K takes as many splits as fit one wave of resident programs, within the blocks' bound."""
+    from pallas_kernels import _common as C
+
+    sms = C.num_sms()
+    for blocks, programs, resident in [(63, 192, 3), (63, 48, 3), (63, 3, 3), (1000, 7, 2), (63, 900, 3)]:
+        splits, per = C.split_plan(blocks, programs, None, resident=resident)
+        assert splits * per >= blocks and (splits - 1) * per < blocks          # every block in exactly one split
+        assert splits == 1 or splits * programs <= resident * sms               # never more than one wave
+        assert per >= min(4, blocks)                                            # splits stay >= 4 blocks
+    assert C.split_plan(63, 192, None, resident=3)[0] == (2 if sms == 132 else C.split_plan(63, 192, None)[0])
+    assert C.split_plan(63, 192, 5, resident=3)[0] == 5                         # an explicit count is kept
+    bs = C.BlockSizes(block_k=128, num_stages=2)
+    assert C.resident_programs(bs, 128, 64, jnp.bfloat16) == 3                  # 64 KB of K+V tiles each
