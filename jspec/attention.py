@@ -15,7 +15,6 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jspec import kv_cache
 from jspec.sharding import tp_axis
 
 # Largest f32 logits tensor [B, K, G, Tc, S] the XLA path materialises at once; longer queries (prefill)
@@ -47,19 +46,17 @@ class AttnImpl:
             raise ValueError(f"unknown attention backend {self.backend!r}; use None, 'xla' or 'pallas'")
 
 
-def _per_shard(impl: AttnImpl, kernel, q, k_all, v_all, *replicated, scores: bool = False, new_kv=None):
+def _per_shard(impl: AttnImpl, kernel, q, k_all, v_all, *replicated, scores: bool = False):
     """kernel(q, k_all, v_all, *replicated) on each tensor-parallel shard of the heads (or directly, no mesh).
 
     q [B, T, N, H] is split over N and the stacked cache [L, B, S, K, H] over K, so every device attends
     with its own N/tp query heads over its own K/tp KV heads (GQA groups stay whole: head n reads KV head
     n // G). `replicated` arguments (lengths, indices, masks) go to every shard whole. With `scores`, the
     kernel returns (out, scores f32[B, S]) and the per-shard scores, sums over that shard's heads, are
-    summed over tp. With `new_kv` = (k_new, v_new) [B, T, K, H] (split over K like the cache, passed after
-    `replicated`), the kernel returns (out, k_all, v_all) and so does this.
+    summed over tp.
     """
-    extra = tuple(new_kv or ())
     if impl.mesh is None:
-        return kernel(q, k_all, v_all, *replicated, *extra)
+        return kernel(q, k_all, v_all, *replicated)
     tp = tp_axis(impl.mesh)
     heads, kv = P(None, None, tp, None), P(None, None, None, tp, None)
 
@@ -69,11 +66,9 @@ def _per_shard(impl: AttnImpl, kernel, q, k_all, v_all, *replicated, scores: boo
             return res[0], jax.lax.psum(res[1], tp)
         return res
 
-    out_specs = (heads, P()) if scores else (heads, kv, kv) if extra else heads
     # check_vma=False: pallas_call does not declare how its outputs vary over the mesh axes.
-    in_specs = (heads, kv, kv) + (P(),) * len(replicated) + (heads,) * len(extra)
-    return jax.shard_map(body, mesh=impl.mesh, in_specs=in_specs, out_specs=out_specs,
-                         check_vma=False)(q, k_all, v_all, *replicated, *extra)
+    return jax.shard_map(body, mesh=impl.mesh, in_specs=(heads, kv, kv) + (P(),) * len(replicated),
+                         out_specs=(heads, P()) if scores else heads, check_vma=False)(q, k_all, v_all, *replicated)
 
 
 def full(q, k_all, v_all, layer: int, kv_len, *, tree_mask=None, score_rows=(), score_mode="weights",
@@ -198,27 +193,6 @@ def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()
         idx, n_valid = idx[layer], n_valid[layer]
     k, v = k_all[layer], v_all[layer]
     return _sparse_xla(q, k, v, kv_len, idx, n_valid)
-
-
-def sparse_append(q, k_new, v_new, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()):
-    """`kv_cache.write` of the T new tokens' K/V at slots kv_len - T .. kv_len - 1, then `sparse` attention:
-    in one kernel launch on the Pallas path (the kernel attends the new entries from k_new/v_new and writes
-    them into the cache in place), two scatters and the kernel otherwise. Returns (out, k_all, v_all)."""
-    if impl.backend != "xla":
-        try:
-            def gathered(q, k_all, v_all, idx, n_valid, kv_len, k_new, v_new):
-                out = _kernel_module("sparse_attention").sparse_attention_kernel(
-                    q, k_all, v_all, idx, n_valid, kv_len, interpret=impl.interpret, layer=layer,
-                    k_new=k_new, v_new=v_new)
-                return out[0], out[2], out[3]
-            return _per_shard(impl, gathered, q, k_all, v_all, idx, n_valid, kv_len, new_kv=(k_new, v_new))
-        except NotImplementedError:
-            if impl.backend == "pallas":
-                raise
-    T = q.shape[1]
-    slots = (kv_len - T)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
-    k_all, v_all = kv_cache.write(k_all, v_all, layer, slots, k_new, v_new)
-    return sparse(q, k_all, v_all, layer, kv_len, idx, n_valid, impl=impl), k_all, v_all
 
 
 def _sparse_xla(q, k, v, kv_len, idx, n_valid):

@@ -149,19 +149,16 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         if cfg.qk_norm:  # Qwen3 normalises each head before RoPE
             q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
         q, k = rope(q, positions, cfg), rope(k, positions, cfg)
-        if sparse is not None and selector is None:   # the kernel also writes the new K/V: no scatters
-            o, k_all, v_all = attention.sparse_append(q, k, v, k_all, v_all, i, kv_len, sparse.idx,
-                                                      sparse.n_valid, impl=impl)
+        k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
+        if selector is not None:
+            sel_idx, sel_n = selector(i, q)
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, sel_n, impl=impl)
+        elif sparse is not None:
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx, sparse.n_valid, impl=impl)
         else:
-            k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
-            if selector is not None:
-                sel_idx, sel_n = selector(i, q)
-                o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, sel_n, impl=impl)
-            else:
-                o, scores = attention.full(q, k_all, v_all, i, kv_len, score_rows=score_rows,
-                                           tree_mask=None if tree is None else tree.mask,
-                                           score_mode=score_mode, impl=impl)
-                all_scores.append(scores)
+            o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
+                                       score_rows=score_rows, score_mode=score_mode, impl=impl)
+            all_scores.append(scores)
         # wo and w_down contract over the heads / F that tensor parallelism shards (jspec/sharding.py): their
         # outputs accumulate in f32 so the all-reduce of the partial sums is f32 and the result is rounded
         # once, as on one device (a bf16 all-reduce changed greedy tokens). Same numerics unsharded.

@@ -33,25 +33,17 @@ from .reference import sparse_attention_reference
 def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
     """H200 defaults: all packed rows in one tile (each gathered row is read once per KV head) and
     128 gathered entries per step (64 when a K+V tile pair would not fit 2 stages in SMEM). Split-K is
-    chosen automatically (as many splits as fit one wave of resident programs, at least 2 blocks per split:
-    a 5% budget of 128K is only ~50 blocks, which a batch of one must still spread over the SMs)."""
+    chosen automatically (as many splits as fit one wave of resident programs, at least 2 blocks per split: a 5% budget of 128K is only
+    ~50 blocks, which a batch of one must still spread over the SMs)."""
     wide = head_dim * jnp.dtype(dtype).itemsize > 256
     return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
 
 
-def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_ref, *refs, G, T, n_tail, sm_scale,
-                   block_k, per_split, per_layer, append):
+def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, T, n_tail,
+                   sm_scale, block_k, per_split, per_layer):
     """layer_ref, kv_len_ref: [] int32; n_valid_ref [Li] int32, idx_ref: [Li, M] int32 selected positions (junk
     past n_valid), read at row `layer` when per_layer (one selection per layer) else row 0; q_ref: [bm,H];
-    k_ref, v_ref: [L,S,H] (read at layer `layer_ref`); outputs o_ref [bm,H], lse_ref [bm] for this split.
-    With `append`, also kn_ref, vn_ref [T,H] (the T new tokens' K/V, not yet in the cache) and the aliased
-    cache outputs ko_ref, vo_ref [L,S,H]: tail entries come from kn/vn, and the first program of each (batch,
-    KV head) writes them to slots kv_len-T .. kv_len-1 of `layer` (no other program reads those slots).
-    """
-    if append:
-        kn_ref, vn_ref, o_ref, lse_ref, ko_ref, vo_ref = refs
-    else:
-        o_ref, lse_ref = refs
+    k_ref, v_ref: [L,S,H] (read at layer `layer_ref`); outputs o_ref [bm,H], lse_ref [bm] for this split."""
     block_m, head_dim = q_ref.shape
     M, S = idx_ref.shape[1], k_ref.shape[1]
     m_blk, split = pl.program_id(2), pl.program_id(3)
@@ -72,19 +64,11 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
             e = start + jnp.arange(block_k)
             idx = idx_ref[li, jnp.minimum(e, M - 1)]   # a gather: in bounds for any M, no padding needed
             if masked:   # the list's end: selected entries, then the tail, then nothing
-                in_tail = (e >= n_valid) & (e < n_total)
-                # append: the tail is read from kn/vn, never from the slots this launch writes (the
-                # gather's value there is discarded); past the list: a finite slot
-                tail_pos = 0 if append else jnp.where(in_tail, kv_len - T + (e - n_valid), 0)
+                tail_pos = jnp.where(e < n_total, kv_len - T + (e - n_valid), 0)   # past the list: a finite slot
                 idx = jnp.where(e < n_valid, idx, tail_pos)
             idx = jnp.clip(idx, 0, S - 1)
             k = k_ref[layer, idx, :]
             v = v_ref[layer, idx, :]
-            if masked and append:   # the tail, and past the list a finite row (masked out below)
-                u = jnp.clip(e - n_valid, 0, T - 1)
-                new = (e >= n_valid)[:, None]
-                k = jnp.where(new, kn_ref[u, :], k)
-                v = jnp.where(new, vn_ref[u, :], v)
             s = C.dot_nt(q, k) * scale2
             if masked:
                 rel = (e - n_valid)[None, :]  # >= 0: tail token number
@@ -95,35 +79,17 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
         return step
 
     C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
-    if append:
-        @pl.when((m_blk == 0) & (split == 0))
-        def _():
-            TP = C.next_pow2(T)
-            u = jnp.arange(TP)
-            slot = kv_len - T + u
-            ok = ((u < T) & (slot < S))[:, None]
-            rows = jnp.minimum(u, T - 1)
-            dst = (layer, pl.ds(kv_len - T, TP), slice(None))   # the T slots are consecutive
-            plgpu.store(ko_ref.at[dst], kn_ref[rows, :], mask=ok)
-            plgpu.store(vo_ref.at[dst], vn_ref[rows, :], mask=ok)
 
 
 @functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret"))
 def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
-                            interpret=False, layer=None, k_new=None, v_new=None):
-    """Pallas implementation of `sparse_attention` (same arguments). With k_new, v_new [B,T,K,H] (the T new
-    tokens' K/V, stacked cache and tail only) the kernel also writes them to slots kv_len-T .. kv_len-1 of
-    `layer` and returns (out, lse, k, v) with the updated cache (aliased: updated in place under jit
-    donation), so a draft step needs no separate scatter launches for its new K/V."""
+                            interpret=False, layer=None):
+    """Pallas implementation of `sparse_attention` (same arguments)."""
     K, G = C.check_attention_shapes(q, k, v, layer)
     C.check_platform(interpret)
     B, T, N, H = q.shape
     S, M = C.layer_shape(k, layer)[1], idx.shape[-1]
     per_layer = idx.ndim == 3
-    append = k_new is not None
-    if append and (v_new is None or not tail or layer is None or k_new.shape != (B, T, K, H)):
-        raise ValueError(f"k_new/v_new [B,T,K,H] need tail=True and the stacked cache with a layer; got "
-                         f"{None if k_new is None else k_new.shape} {tail=} {layer=}")
     if per_layer and (layer is None or idx.shape[0] != k.shape[0] or n_valid.shape != idx.shape[:2]):
         raise ValueError(f"per-layer selections idx [L,B,M] need the stacked cache and a layer; got {idx.shape=} "
                          f"{n_valid.shape=} {k.shape=} {layer=}")
@@ -139,7 +105,7 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
     splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * K * n_m, bs.num_splits, min_blocks=2,
                                      resident=C.resident_programs(bs, block_k, H, k.dtype))
     kernel = functools.partial(_sparse_kernel, G=G, T=T, n_tail=n_tail, sm_scale=sm_scale, block_k=block_k,
-                               per_split=per_split, per_layer=per_layer, append=append)
+                               per_split=per_split, per_layer=per_layer)
     if not per_layer:
         idx, n_valid = idx[None], n_valid[None]
     Li = idx.shape[0]
@@ -147,47 +113,32 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
     out_dtype = jnp.float32 if splits > 1 else q.dtype
-    in_specs = [
-        C.LAYER_SPEC,
-        pl.BlockSpec((Li, None), lambda b, h, m, s: (0, b)),
-        scalar,
-        pl.BlockSpec((Li, None, M), lambda b, h, m, s: (0, b, 0)),
-        pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
-        kv_spec,
-        kv_spec,
-    ]
-    out_specs = [
-        pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
-        pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m)),
-    ]
-    out_shape = [
-        jax.ShapeDtypeStruct((splits, B, K, qp.shape[2], H), out_dtype),
-        jax.ShapeDtypeStruct((splits, B, K, qp.shape[2]), jnp.float32),
-    ]
-    args = [layer, n_valid.astype(jnp.int32), kv_len.astype(jnp.int32), idx.astype(jnp.int32), qp, k, v]
-    aliases = {}
-    if append:
-        new_spec = pl.BlockSpec((None, T, None, H), lambda b, h, m, s: (b, 0, h, 0))
-        in_specs += [new_spec, new_spec]
-        args += [k_new.astype(k.dtype), v_new.astype(v.dtype)]
-        out_specs += [kv_spec, kv_spec]
-        out_shape += [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-        aliases = {5: 2, 6: 3}   # the cache in place
-    res = pl.pallas_call(
+    o, lse = pl.pallas_call(
         kernel,
         grid=(B, K, n_m, splits),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        input_output_aliases=aliases,
+        in_specs=[
+            C.LAYER_SPEC,
+            pl.BlockSpec((Li, None), lambda b, h, m, s: (0, b)),
+            scalar,
+            pl.BlockSpec((Li, None, M), lambda b, h, m, s: (0, b, 0)),
+            pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
+            kv_spec,
+            kv_spec,
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
+            pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((splits, B, K, qp.shape[2], H), out_dtype),
+            jax.ShapeDtypeStruct((splits, B, K, qp.shape[2]), jnp.float32),
+        ],
         compiler_params=bs.compiler_params(),
         interpret=interpret,
         name="sparse_attention",
-    )(*args)
-    o, lse = res[0], res[1]
+    )(layer, n_valid.astype(jnp.int32), kv_len.astype(jnp.int32), idx.astype(jnp.int32), qp, k, v)
     o, lse = C.combine_splits(o, lse)
-    out = C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
-    return out + (res[2], res[3]) if append else out
+    return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
 
 
 def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,

@@ -152,41 +152,6 @@ def test_per_layer_selections_read_at_layer(layer):
         run(q, k_all[1], v_all[1], idx, n_valid, kv_len, **kw)
 
 
-@pytest.mark.parametrize("T,dtype,per_layer,splits", [(1, F32, True, None), (3, F32, False, 3),
-                                                       (1, BF16, True, 2)])
-def test_append_writes_the_new_entries_and_attends_them(T, dtype, per_layer, splits):
-    """k_new/v_new: the kernel writes the T new tokens' K/V into their slots of `layer` (nothing else of the
-    cache changes) and attends them as the tail; the result equals writing them first and attending the
-    cache. The slots hold NaN before the call (f32): reading them instead of k_new would poison the row."""
-    L, B, N, K, H, S, M = 2, 3, 9, 3, 64, 96, 20
-    rng = np.random.default_rng(31 + T)
-    q, k1, v1 = random_qkv(40 + T, B, T, N, K, H, S, dtype)
-    _, k0, v0 = random_qkv(50 + T, B, T, N, K, H, S, dtype)
-    _, kn, vn = random_qkv(60 + T, B, T, N, K, H, T, dtype)
-    kv_len = ragged_lengths(rng, B, T, S)
-    n_valid = np.minimum(rng.integers(0, M + 1, size=B), kv_len - T)
-    idx = random_index_sets(rng, M, kv_len, T, sort=False, n_valid=n_valid)
-    slots = np.asarray(kv_len)[:, None] - T + np.arange(T)[None]
-    bi = np.arange(B)[:, None]
-    k1, v1 = np.asarray(k1).copy(), np.asarray(v1).copy()
-    if dtype == F32:
-        k1[bi, slots], v1[bi, slots] = np.nan, np.nan
-    k_all, v_all = jnp.stack([k0, jnp.asarray(k1)]), jnp.stack([v0, jnp.asarray(v1)])
-    idx_l = np.stack([idx, idx]) if per_layer else idx
-    nv_l = np.stack([n_valid, n_valid]) if per_layer else n_valid
-    args = (q, k_all, v_all, jnp.asarray(idx_l), jnp.asarray(nv_l, jnp.int32), jnp.asarray(kv_len))
-    kw = dict(tail=True, block_sizes=BS(block_k=16, num_splits=splits), interpret=INTERPRET)
-    run = compiled(pk.sparse_attention_kernel, *_STATIC)
-    out, lse, k_got, v_got = run(*args, layer=1, k_new=kn, v_new=vn, **kw)
-    k_want, v_want = k_all.at[1, bi, slots].set(kn), v_all.at[1, bi, slots].set(vn)
-    assert_bitwise_equal((k_got, v_got), (k_want, v_want))
-    w_out, w_lse = run(q, k_want, v_want, *args[3:], layer=1, **kw)
-    assert_close(out, w_out, dtype, "out")
-    assert_close(lse, w_lse, dtype, "lse")
-    with pytest.raises(ValueError, match="k_new/v_new"):
-        run(*args, layer=1, k_new=kn, v_new=vn, tail=False, block_sizes=BS(block_k=16), interpret=INTERPRET)
-
-
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
 @pytest.mark.parametrize("N,K,H", [(9, 3, 64), (32, 8, 128)])  # SmolLM2-135M, Llama-3-8B
 @pytest.mark.parametrize("T", [1, 5])
