@@ -282,7 +282,7 @@ def finalize(carry):
 
 def run_key_blocks(lo, mid, hi, body, o_ref, lse_ref):
     """Online softmax over key blocks [lo, mid) unmasked then [mid, hi) masked (`body(masked)` is the
-    fori_loop step), then normalise and store this program's out [bm, H] and lse [bm]; returns the lse."""
+    fori_loop step), then normalise and store this program's out [bm, H] and lse [bm]."""
     block_m, head_dim = o_ref.shape
     carry = init_carry(block_m, head_dim)
     carry = lax.fori_loop(lo, mid, body(False), carry)
@@ -290,4 +290,3 @@ def run_key_blocks(lo, mid, hi, body, o_ref, lse_ref):
     o, lse = finalize(carry)
     o_ref[...] = o.astype(o_ref.dtype)
     lse_ref[...] = lse
-    return lse

@@ -23,7 +23,6 @@ bytes written and read per (KV head, position), R distinct score rows, against 4
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -37,11 +36,6 @@ from .reference import flash_scores_reference
 
 SCORE_MODES = ("weights", "logits")
 F16_MAX = 65504.0
-
-
-def next_pow2_rows(n: int) -> int:
-    """Rows the weights passes read: the n score rows rounded up to a power of two (Triton tile sizes)."""
-    return C.next_pow2(n)
 
 
 def logit_dtype(dtype):
@@ -70,7 +64,7 @@ def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) ->
 
 
 def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal, block_k, per_split,
-                  score_mode, score_end_row, n_sel, multi_row_blocks, fused_rows=0, interpret=False):
+                  score_mode, score_end_row, n_sel, multi_row_blocks):
     """One program: a block of packed query rows of one KV head against one split of the keys.
 
     layer_ref, kv_len_ref: [] int32; q_ref: [bm, H]; k_ref, v_ref: [L, S, H] (this batch and KV head, every
@@ -78,13 +72,8 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
     Optional qs_ref [Rp, H], st_ref [Rp] int32, sw_ref [Rp] f32: the (distinct) score rows' queries,
     their row index t and multiplicity in score_rows (0 for padding).
     Outputs: o_ref [bm, H], lse_ref [bm] (this split); sc_ref [Rp, S] logits or [S] row-summed logits.
-    fused_rows = R > 0 (weights mode, one split, one row block): also sp_ref [Rp] int32 (each score row's
-    packed row) and the output w_ref [S] f32, this KV head's weights (see `_fused_weights`).
     """
-    w_ref = sp_ref = None
-    if fused_rows:
-        qs_ref, st_ref, sw_ref, sp_ref, o_ref, lse_ref, sc_ref, w_ref = refs
-    elif score_mode:
+    if score_mode:
         qs_ref, st_ref, sw_ref, o_ref, lse_ref, sc_ref = refs
     else:
         o_ref, lse_ref = refs
@@ -154,55 +143,17 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
 
         return step
 
-    lse = C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
-    if fused_rows:
-        _fused_weights(lse, kv_len, sc_ref, sp_ref, st_ref, sw_ref, w_ref, T=T, R=fused_rows, interpret=interpret)
-
-
-# Positions per step of the in-kernel weights pass (`_fused_weights`).
-WEIGHTS_BLOCK = 512
-
-
-def _fused_weights(lse, kv_len, sc_ref, sp_ref, st_ref, sw_ref, w_ref, *, T, R, interpret):
-    """The "weights" epilogue inside the flash program, when that program saw every key of its KV head (one
-    split): w_ref [S] <- sum over the score rows i of mult_i * exp(logit_i - lse_i) where row i may look.
-
-    lse [bm] (natural log) is this program's own final LSE, still in registers; each score row's entry is
-    picked by a one-hot reduction (no gather from registers in Triton). The logits were stored to sc_ref
-    by this program's other threads in the key loop: a CTA barrier makes them visible (they are then read
-    back from L2, R rows only). Saves the separate `score_weights` launch per layer.
-    """
-    S = w_ref.shape[0]
-    if not interpret:   # interpret mode runs the program sequentially; the barrier has no CPU rule
-        plgpu.debug_barrier()
-    rows = sp_ref[pl.ds(0, R)]
-    onehot = rows[:, None] == jnp.arange(lse.shape[0])[None, :]
-    lse2 = jnp.sum(jnp.where(onehot, lse[None, :], 0.0), axis=1) * C.LOG2E            # [R], base 2
-    mult = sw_ref[pl.ds(0, R)]
-    limit = kv_len - T + st_ref[pl.ds(0, R)] + 1                                        # row i sees j < limit_i
-
-    def step(i, carry):
-        start = pl.multiple_of(i * WEIGHTS_BLOCK, WEIGHTS_BLOCK)
-        pos = start + jnp.arange(WEIGHTS_BLOCK)
-        seen = (pos[None, :] < limit[:, None]) & (mult > 0)[:, None] & (pos < S)[None, :]
-        x = plgpu.load(sc_ref.at[pl.ds(0, R), pl.ds(start, WEIGHTS_BLOCK)], mask=seen, other=0.0)
-        w = jnp.exp2(x.astype(jnp.float32) * C.LOG2E - lse2[:, None]) * mult[:, None]
-        plgpu.store(w_ref.at[pl.ds(start, WEIGHTS_BLOCK)], jnp.sum(jnp.where(seen, w, 0.0), axis=0),
-                    mask=pos < S)
-        return carry
-
-    jax.lax.fori_loop(0, pl.cdiv(S, WEIGHTS_BLOCK), step, 0)
+    C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
 
 
 def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, interpret, out_dtype, layer=None,
-                   qsel=None, sel_t=None, sel_w=None, score_mode=None, score_end_row=0, n_sel=0, sel_p=None):
+                   qsel=None, sel_t=None, sel_w=None, score_mode=None, score_end_row=0, n_sel=0):
     """Launches the kernel on packed queries qp [B,K,Mp,H] (Mp a multiple of block_m) against k, v
     [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a `layer` index, traced or not).
 
     Returns o [P,B,K,Mp,H] (out_dtype, each split normalised over its own keys), lse [P,B,K,Mp] and,
     with score_mode, the raw score-row logits [B,K,Rp,S] ("weights"; `logit_dtype(qp.dtype)`) or their row
-    sums [B,K,S] f32. With sel_p (weights mode; each score row's packed row) and a launch of one split and
-    one row block, also the finished weights per KV head [B,K,S] f32 (`_fused_weights`).
+    sums [B,K,S] f32.
     """
     B, K, Mp, H = qp.shape
     S = C.layer_shape(k, layer)[1]
@@ -216,11 +167,9 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
                                      resident=C.resident_programs(bs, block_k, H, k.dtype))
     if splits > 1:
         out_dtype = jnp.float32  # partials are combined in f32
-    fused = sel_p is not None and score_mode == "weights" and splits == 1 and n_m == 1
     kernel = functools.partial(
         _flash_kernel, T=T, G=G, sm_scale=sm_scale, causal=causal, block_k=block_k, per_split=per_split,
-        score_mode=score_mode, score_end_row=score_end_row, n_sel=n_sel, multi_row_blocks=n_m > 1,
-        fused_rows=next_pow2_rows(n_sel) if fused else 0, interpret=interpret)
+        score_mode=score_mode, score_end_row=score_end_row, n_sel=n_sel, multi_row_blocks=n_m > 1)
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
     in_specs = [
@@ -245,15 +194,9 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
                      pl.BlockSpec((Rp,), lambda b, h, m, s: (0,)),
                      pl.BlockSpec((Rp,), lambda b, h, m, s: (0,))]
         args += [qsel, sel_t, sel_w]
-        if fused:
-            in_specs.append(pl.BlockSpec((Rp,), lambda b, h, m, s: (0,)))
-            args.append(sel_p)
         if score_mode == "weights":
             out_specs.append(pl.BlockSpec((None, None, Rp, S), lambda b, h, m, s: (b, h, 0, 0)))
             out_shape.append(jax.ShapeDtypeStruct((B, K, Rp, S), logit_dtype(qp.dtype)))
-            if fused:
-                out_specs.append(pl.BlockSpec((None, None, S), lambda b, h, m, s: (b, h, 0)))
-                out_shape.append(jax.ShapeDtypeStruct((B, K, S), jnp.float32))
         else:
             out_specs.append(pl.BlockSpec((None, None, S), lambda b, h, m, s: (b, h, 0)))
             out_shape.append(jax.ShapeDtypeStruct((B, K, S), jnp.float32))
@@ -361,25 +304,15 @@ def flash_scores_kernel(q, k, v, kv_len, *, score_rows=(), score_mode="weights",
         sel_t = jnp.asarray(np.pad(sel // G, (0, Rp - n_sel)), jnp.int32)
         mult = np.array([rows.count(r) for r in uniq for _ in range(G)], np.float32)
         sel_w = jnp.asarray(np.pad(mult, (0, Rp - n_sel)))
-        sel_p = jnp.asarray(np.pad(sel, (0, Rp - n_sel)), jnp.int32)
-        if score_mode == "weights" and block_sizes is None and B * K * (qp.shape[2] // block_m) >= C.num_sms():
-            # One split already fills every SM: each program then sees all of its KV head's keys and knows
-            # the final LSE, so it finishes the weights itself (no epilogue launch). 3 stages keep one
-            # wave at 2 resident programs per SM (bench/results/flash_sweep_h200.json, T=5).
-            kw["block_sizes"] = dataclasses.replace(bs, num_splits=1, num_stages=3)
-        res = flash_partials(qp, k, v, kv_len, qsel=qsel, sel_t=sel_t, sel_w=sel_w, score_mode=score_mode,
-                             score_end_row=max(rows) + 1, n_sel=n_sel, sel_p=sel_p, **kw)
-        o, lse, sc = res[:3]
-        fused_w = res[3] if len(res) > 3 else None
+        o, lse, sc = flash_partials(qp, k, v, kv_len, qsel=qsel, sel_t=sel_t, sel_w=sel_w, score_mode=score_mode,
+                                    score_end_row=max(rows) + 1, n_sel=n_sel, **kw)
     else:
         o, lse = flash_partials(qp, k, v, kv_len, **kw)
     o, lse = C.combine_splits(o, lse)  # [B,K,Mp,H] f32, [B,K,Mp]
     scores = None
     if rows:
         j = jnp.arange(S)
-        if fused_w is not None:
-            scores = fused_w.sum(axis=1)
-        elif score_mode == "weights":
+        if score_mode == "weights":
             R = C.next_pow2(n_sel)   # the epilogue reads these rows only (Rp >= 16 is for the kernel's dot)
             scores = score_weights(sc, lse, kv_len, jnp.asarray(np.pad(sel, (0, R - n_sel)), jnp.int32),
                                    sel_t[:R], sel_w[:R], T=T, interpret=interpret)

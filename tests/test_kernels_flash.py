@@ -54,11 +54,6 @@ CASES = [
     (2, 1, 32, 8, 128, 64, F32, (0, -1), "logits", None),  # Llama-3-8B decode shape, row 0 twice
     (2, 64, 4, 1, 64, 128, F32, (3, 63), "weights", BS(block_m=32, block_k=32)),  # row blocks + scores
     (1, 128, 3, 3, 128, 160, BF16, (), "weights", None),  # prefill with the default blocks
-    # One split and one row block: the weights are finished inside the flash program (no epilogue);
-    # several key blocks, S past a weights block (512), NaN junk past kv_len, float16 logits in bf16.
-    (3, 5, 9, 3, 64, 600, F32, (0, 4), "weights", BS(block_k=64, num_splits=1)),
-    (2, 5, 9, 3, 64, 200, BF16, (0, 4), "weights", BS(block_k=32, num_splits=1)),
-    (2, 1, 32, 8, 128, 96, F32, (0, -1), "weights", BS(block_k=16, num_splits=1)),   # a row counted twice
 ]
 
 
@@ -149,9 +144,8 @@ def test_model_layers_share_one_kernel():
                                                        impl=AttnImpl(backend="pallas")),
                          params, cache, sd((2, 5), jnp.int32))
     assert triton_calls(hlo, "flash_scores") == 1
-    # 256 slots are one split: each program finishes its weights in-kernel, no epilogue launch
-    assert triton_calls(hlo, "score_weights") == 0
-    assert triton_calls(hlo) == 1
+    assert triton_calls(hlo, "score_weights") == 1   # the weights epilogue, likewise shared
+    assert triton_calls(hlo) == 2
     assert hlo.count("call @") >= cfg.n_layers   # ... called once per layer
 
 
@@ -167,22 +161,6 @@ def test_lowers_to_triton_at_model_shapes(N, K, H, T, rows):
         assert triton_calls(hlo, "flash_scores") == 1
         assert triton_calls(hlo) == 1 + (mode == "weights" and bool(rows))   # + the weights epilogue
         assert ("xf16>" in hlo) == (mode == "weights" and bool(rows))   # bf16 K/V: float16 score-row logits
-
-
-@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
-def test_big_batch_verification_fuses_the_weights():
-    """At SmolLM2's B=64 verification (B*K = 192 programs >= 132 SMs) the default launch is one split and
-    the weights are finished in the flash kernel (its CTA barrier lowers): one Triton call, no epilogue."""
-    sd = jax.ShapeDtypeStruct
-    kv = sd((2, 64, 8064, 3, 64), BF16)
-    hlo = lower_for_h200(lambda q, k, v, n: pk.flash_scores_kernel(q, k, v, n, score_rows=(0, 4), layer=1),
-                         sd((64, 5, 9, 64), BF16), kv, kv, sd((64,), jnp.int32))
-    assert triton_calls(hlo, "flash_scores") == 1
-    assert triton_calls(hlo, "score_weights") == 0
-    hlo16 = lower_for_h200(lambda q, k, v, n: pk.flash_scores_kernel(q, k, v, n, score_rows=(0, 4), layer=1),
-                           sd((16, 5, 9, 64), BF16), sd((2, 16, 8064, 3, 64), BF16),
-                           sd((2, 16, 8064, 3, 64), BF16), sd((16,), jnp.int32))
-    assert triton_calls(hlo16, "score_weights") == 1   # B=16: split-K fills the GPU, the epilogue finishes
 
 
 @pytest.mark.parametrize("S,block_s,logits_dtype,R", [(200, 64, np.float32, 8), (48, 512, np.float32, 16),
