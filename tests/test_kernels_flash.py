@@ -54,6 +54,11 @@ CASES = [
     (2, 1, 32, 8, 128, 64, F32, (0, -1), "logits", None),  # Llama-3-8B decode shape, row 0 twice
     (2, 64, 4, 1, 64, 128, F32, (3, 63), "weights", BS(block_m=32, block_k=32)),  # row blocks + scores
     (1, 128, 3, 3, 128, 160, BF16, (), "weights", None),  # prefill with the default blocks
+    # One split over several key blocks, S past the epilogue's block, NaN junk past kv_len (f32) or float16
+    # logits (bf16), a row counted twice.
+    (3, 5, 9, 3, 64, 600, F32, (0, 4), "weights", BS(block_k=64, num_splits=1)),
+    (2, 5, 9, 3, 64, 200, BF16, (0, 4), "weights", BS(block_k=32, num_splits=1)),
+    (2, 1, 32, 8, 128, 96, F32, (0, -1), "weights", BS(block_k=16, num_splits=1)),
 ]
 
 

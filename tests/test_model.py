@@ -245,8 +245,8 @@ def test_pallas_interpret_path_matches_xla_in_the_model(arch):
         L, M = cfg.n_layers, 8
         idx = jnp.broadcast_to(jnp.array([0, 2, 3, 5, 8, 9, 12, 15], jnp.int32), (L, 2, M))
         sp = model.Sparse(idx=idx, n_valid=jnp.array([[8, 5]] * L, jnp.int32))
-        e, _, _ = model.forward(params, cfg, toks[:, 17:18], cache, sparse=sp, impl=impl)
-        res[name] = (a, b, c, aux["scores"], d, e)
+        e, cache_e, _ = model.forward(params, cfg, toks[:, 17:18], cache, sparse=sp, impl=impl)
+        res[name] = (a, b, c, aux["scores"], d, e, cache_e.k, cache_e.v)   # the draft step writes its K/V
     for got, want in zip(res["pallas"], res["xla"]):
         np.testing.assert_allclose(got, want, atol=2e-4, rtol=2e-4)
 
