@@ -1,7 +1,7 @@
 """Per-row tau of speculative runs (bench records' `tau_rows`): a static batch runs as many rounds as its
 slowest row, so the spread across rows, not only the mean, sets its tokens/s.
 
-    python bench/plot_rows.py bench/results/longspec_rows_h200_B16.json [--shape 8000x16] [--out PNG]
+    python bench/plot_rows.py bench/results/longspec_rows_h200_B16.json [--shape 8000x16] [--out PNG] [--groups all]
 """
 import argparse
 import json
@@ -12,11 +12,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def rows_records(doc, shape=None):
-    """Records that carry per-row tau, optionally of one LxB shape; labelled method (+ tree widths)."""
+def rows_records(doc, shape=None, groups=("grid", "widths_sweep")):
+    """Records that carry per-row tau, optionally of one LxB shape and only of these record groups (None:
+    all); labelled method (+ tree widths, + the sweep point outside the grid)."""
     out = []
     for r in doc["records"]:
         if not r.get("tau_rows") or (shape and (r["L"], r["B"]) != shape):
+            continue
+        if groups is not None and r.get("group") not in (None,) + tuple(groups):
             continue
         label = r.get("label") or r["method"]
         if r.get("widths") and r.get("mode") == "tree":
@@ -32,10 +35,12 @@ def main():
     ap.add_argument("json")
     ap.add_argument("--shape", default="", help="LxB, e.g. 8000x16 (default: every shape, one panel each)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--groups", default="grid,widths_sweep",
+                    help="record groups to plot (bench/spec.py: grid, budget_sweep, gamma_sweep, ablation), or all")
     a = ap.parse_args()
     doc = json.load(open(a.json))
     shape = tuple(int(x) for x in a.shape.lower().split("x")) if a.shape else None
-    recs = rows_records(doc, shape)
+    recs = rows_records(doc, shape, None if a.groups == "all" else tuple(a.groups.split(",")))
     if not recs:
         raise SystemExit(f"error: no record with tau_rows in {a.json}" + (f" at {a.shape}" if a.shape else ""))
     shapes = sorted({(r["L"], r["B"]) for _, r in recs})
