@@ -95,14 +95,23 @@ def resident_programs(bs: "BlockSizes", block_k: int, head_dim: int, dtype) -> i
 def split_plan(num_blocks: int, programs: int, num_splits: int | None, min_blocks: int = 4, resident: int = 3):
     """(splits, blocks_per_split) for split-K over `num_blocks` key blocks.
 
-    Auto mode (flash-decoding: small B*K alone cannot fill 132 SMs) takes as many splits as still fit the
-    launch in ONE wave of `resident` programs per SM, keeping at least `min_blocks` blocks per split so the
-    partial outputs stay cheap to combine. One wave, not more programs: at SmolLM2's B=64, L=8000 decode
-    (192 programs, 3 resident per SM) 2 splits ran the kernel 26% faster than 3 (1.45 waves), and 2-4
-    splits were within 6% of each other at T=5 (bench/results/flash_sweep_h200.json).
+    Auto mode (flash-decoding: small B*K alone cannot fill 132 SMs) aims at ~4 programs per SM, keeping at
+    least `min_blocks` blocks per split so the partial outputs stay cheap to combine, then steps down while
+    the launch spills past a wave of `resident` programs per SM into a badly filled last wave (< 90% of
+    whole waves busy). At SmolLM2's B=64, L=8000 decode (192 programs, 3 resident per SM) that turns 3
+    splits (1.45 waves) into 2 (one wave): 26% faster (bench/results/flash_sweep_h200.json). Llama-3-8B at
+    B=16 keeps its 5 splits (1 resident, 4.85 waves, 97% busy): fitting one wave instead (1 split) was 26-33%
+    slower at T=5 (bench/results/kernels_wave_h200.json).
     """
     if num_splits is None:
-        num_splits = min(max(1, resident * num_sms() // max(programs, 1)), max(1, num_blocks // min_blocks))
+        num_splits = min(cdiv(4 * num_sms(), max(programs, 1)), max(1, num_blocks // min_blocks))
+        slots = resident * num_sms()
+
+        def busy(s):   # fraction of the launch's whole waves that holds programs
+            return programs * s / (cdiv(programs * s, slots) * slots)
+
+        while num_splits > 1 and programs * num_splits > slots and busy(num_splits) < 0.9:
+            num_splits -= 1
     num_splits = max(1, min(num_splits, num_blocks))
     per_split = cdiv(num_blocks, num_splits)
     return cdiv(num_blocks, per_split), per_split
