@@ -6,8 +6,9 @@
 #   bash bench/vegas_h200.sh grid      # the full bench/spec.py grid (no Hugging Face run: hf_static_h200.json)
 #   bash bench/vegas_h200.sh fuse      # A/B of jspec.load's fused q/k/v + gate/up weights, L=8000, B=64 and 16
 #   bash bench/vegas_h200.sh flash     # flash_scores launch-parameter sweep at B=64, L=8000 (T=1 and T=5 + scores)
+#   bash bench/vegas_h200.sh epilogue  # score_weights (the softmax-weights epilogue) launch sweep at B=64, L=8000
 set -uo pipefail
-mode=${1:?profile or gamma}
+mode=${1:?profile, gamma, grid, fuse, flash or epilogue}
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
 case "$mode" in
   profile)
@@ -34,5 +35,8 @@ case "$mode" in
   flash)
     timeout "${T5:-200}" python3 bench/flash_sweep.py --out "$OUT/flash_sweep_h200.json" --budget-s "${BUDGET_S:-170}" \
       2>&1 | grep -v Warning | tee "$OUT/flash_sweep_h200_log.txt" | tail -8 ;;
+  epilogue)
+    timeout "${T6:-300}" python3 bench/epilogue_sweep.py --out "$OUT/epilogue_sweep_h200.json" 2>&1 | grep -v Warning \
+      | tee "$OUT/epilogue_sweep_h200_log.txt" | tail -20 ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
