@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from . import _common as C
 from .reference import sparse_attention_reference
@@ -33,8 +32,9 @@ from .reference import sparse_attention_reference
 def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
     """H200 defaults: all packed rows in one tile (each gathered row is read once per KV head) and
     128 gathered entries per step (64 when a K+V tile pair would not fit 2 stages in SMEM). Split-K is
-    chosen automatically (as many splits as fit one wave of resident programs, at least 2 blocks per split: a 5% budget of 128K is only
-    ~50 blocks, which a batch of one must still spread over the SMs)."""
+    chosen automatically (`_common.split_plan`: ~4 programs per SM without a badly filled last wave, at least
+    2 blocks per split: a 5% budget of 128K is only ~50 blocks, which a batch of one must still spread over
+    the SMs)."""
     wide = head_dim * jnp.dtype(dtype).itemsize > 256
     return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
 
