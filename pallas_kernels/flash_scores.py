@@ -223,7 +223,8 @@ def _weights_kernel(kv_len_ref, sc_ref, lse_ref, sel_ref, st_ref, sw_ref, w_ref,
     pos = start + jnp.arange(block_s)
     in_range = pos < S
     mult = sw_ref[...]
-    seen = (pos[None, :] < (kv_len_ref[()] - T + st_ref[...] + 1)[:, None]) & (mult > 0)[:, None] & in_range[None, :]
+    limit = kv_len_ref[()] - T + st_ref[...] + 1                     # row i sees positions < limit_i
+    seen = (pos[None, :] < limit[:, None]) & (mult > 0)[:, None] & in_range[None, :]
     rows = sel_ref[...]
     acc = jnp.zeros((block_s,), jnp.float32)
     for h in range(K):   # K is small (KV heads); static unroll
@@ -245,10 +246,11 @@ def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, blo
     (the kernel's Rp >= 16 is Triton's dot minimum, not the number of score rows). Each valid logit is read
     once; exp runs as exp2 on pre-scaled inputs. History: the XLA expression this replaced ran ~6x slower
     than its bytes (bench/results/profile_round_h200.json); this kernel's first version, libdevice exp over
-    all Rp = 16 rows, was compute-bound at 25.7 us per SmolLM2 layer at B=64, L=8000
+    all Rp = 16 rows in 4-warp programs, took 25.7 us per SmolLM2 layer at B=64, L=8000
     (bench/results/prof_pieces_h200.json, 3x its bytes' time); exp2 and reading 8 rows did not change
-    that, so it is latency-bound: small one-warp programs (block_s 256) were the fastest launch in a sweep
-    (bench/results/epilogue_sweep_h200.json: 14.8 us per launch against 23.3 us at 512 x 4 warps).
+    that, so it is latency-bound, not compute-bound: small one-warp programs (block_s 256) were the fastest
+    launch in a sweep (bench/results/epilogue_sweep_h200.json: 14.8 us per launch against 23.3 us at 512 x 4
+    warps).
     """
     B, K, Rp, S = sc.shape
     R = sel.shape[0]
