@@ -5,8 +5,8 @@
 SmolLM2-135M attention (N=9, K=3, H=64), bf16 cache [B, S, K, H] read in place as layer 1 of a 2-layer
 stacked cache (as the model calls it), T=1 (decode) and T=5 with score_rows=(0, 4) (Vegas' verification).
 For each T: the default BlockSizes, then a grid of block_k x num_splits x num_stages (4 warps; and 8 at
-block_k 128); each
-timed as bench/kernels.py times kernels (median over reps of back-to-back calls, >= 5 ms per sample).
+block_k 128); each timed as bench/kernels.py times kernels (median over reps of back-to-back calls, >= 5 ms
+per sample).
 Also the same bytes in a head-major layout (K=1 and B*K sequences of G query heads: every (sequence,
 head) reads one contiguous stretch of keys): does the [S, K, H] interleave of the cache cost bandwidth?
 """
