@@ -9,6 +9,7 @@ bench/spec_h200.sh runs it once per candidate setting and keeps the faster one f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -37,10 +38,14 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     ap.add_argument("--impl", default="pallas", choices=["pallas", "xla"], help="xla: CPU smoke test")
+    ap.add_argument("--dense-rows", type=int, default=None,
+                    help="AttnImpl.dense_rows: fused Pallas dense layers for steps of <= this many tokens (0: off)")
     a = ap.parse_args()
     t0 = time.perf_counter()
     L, B = _shape(a.shape)
     impl = AttnImpl(backend=a.impl)
+    if a.dense_rows is not None:
+        impl = dataclasses.replace(impl, dense_rows=a.dense_rows)
     m = jspec.load(a.model, progress=False)
     cfg, params = m.cfg, m.params
     code, prose = prompt_sources(a.corpus)
@@ -81,7 +86,7 @@ def main():
         out.block_until_ready()
         best["vegas"] = min(best["vegas"], time.perf_counter() - t)
         cache, tau = kv_cache.rollback(final.cache, lens), st.tau()
-    rec = base_record(tag=a.tag, L=L, B=B, new_tokens=a.new, compile_s=round(compile_s, 1),
+    rec = base_record(tag=a.tag, dense_rows=impl.dense_rows, L=L, B=B, new_tokens=a.new, compile_s=round(compile_s, 1),
                       ar_s=round(best["ar"], 4), vegas_s=round(best["vegas"], 4), vegas_tau=round(tau, 3),
                       ar_tokens_per_s=round(B * (a.new - 1) / best["ar"], 1),
                       vegas_tokens_per_s=round(B * (a.new - 1) / best["vegas"], 1),

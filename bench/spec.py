@@ -32,6 +32,7 @@ time exceeds --budget-s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -183,6 +184,8 @@ def main():
                     help="wall-clock target: shapes (lowest priority first) are dropped when it would be exceeded")
     ap.add_argument("--plan-only", action="store_true", help="print the shapes and configs, then exit")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dense-rows", type=int, default=None,
+                    help="AttnImpl.dense_rows (fused Pallas dense layers for steps of <= this many tokens; 0: off)")
     ap.add_argument("--devices", type=int, default=1, help="tensor parallelism over the first N devices")
     ap.add_argument("--no-fuse", action="store_true", help="keep the stored weight layout (separate q/k/v and "
                     "gate/up weights) instead of jspec.load's fused one: an A/B of model.fuse_projections")
@@ -194,6 +197,8 @@ def main():
         a.sweep_shape = a.split_shape = "2048x16"
     t_start = time.perf_counter()
     impl = {"xla": AttnImpl(backend="xla"), "pallas": AttnImpl(backend="pallas"), "auto": AttnImpl()}[a.impl]
+    if a.dense_rows is not None:
+        impl = dataclasses.replace(impl, dense_rows=a.dense_rows)
 
     # CPU matmuls in bf16 are emulated and slow: CPU smoke tests run in float32 (as bench/longspec.py).
     m = jspec.load(a.model, dtype="float32" if jax.default_backend() == "cpu" else None, devices=a.devices,

@@ -40,6 +40,9 @@ class AttnImpl:
     backend: Optional[str] = None
     interpret: bool = False
     mesh: Optional[Mesh] = None
+    # Steps of at most this many tokens (B*T) run each layer's dense part as three fused Pallas launches
+    # (pallas_kernels/dense.py) when the attention kernels are in use; 0 keeps XLA's GEMMs for every step.
+    dense_rows: int = 64
 
     def __post_init__(self):
         if self.backend not in (None, "xla", "pallas"):

@@ -109,6 +109,36 @@ def _gate_up(h, p):
     return y[:, :, 0], y[:, :, 1]
 
 
+def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
+    """pallas_kernels.dense when this step's layers can run as fused launches (AttnImpl.dense_rows), else None.
+
+    Needs the fused weight layout, a plain Llama-style layer (no q/k/v bias or q/k norm) and a shape the
+    kernels tile; anything else (a batch of one, CPU without interpret, tensor parallelism) keeps XLA's path.
+    """
+    if (impl.backend == "xla" or impl.mesh is not None or M > impl.dense_rows or cfg.qkv_bias or cfg.qk_norm
+            or "wqkv" not in params["layers"]):
+        return None
+    from pallas_kernels import _common, dense
+    lp = params["layers"]
+    try:
+        _common.check_platform(impl.interpret)
+        x = jax.ShapeDtypeStruct((M, cfg.d_model), lp["wqkv"].dtype)
+        dense.check_shapes("qkv_rope", x, _flat(lp["wqkv"], 2), 0, head_dim=cfg.head_dim, groups=cfg.group)
+        dense.check_shapes("glu", x, _flat(lp["w_gu"], 2), 0)
+        dense.check_shapes("residual", jax.ShapeDtypeStruct((M, cfg.ffn_dim), x.dtype), lp["w_down"], 0)
+        dense.check_shapes("residual", jax.ShapeDtypeStruct((M, cfg.n_heads * cfg.head_dim), x.dtype),
+                           _flat(lp["wo"], 1, 3), 0)
+    except NotImplementedError:
+        return None
+    return dense
+
+
+def _flat(w, start, stop=None):
+    """Merge axes start..stop-1 (default: through the last) of a stacked weight into one (a free reshape)."""
+    stop = w.ndim if stop is None else stop
+    return w.reshape(*w.shape[:start], -1, *w.shape[stop:])
+
+
 def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
             tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
             score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None):
@@ -140,15 +170,24 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
 
     k_all, v_all = cache.k, cache.v
     all_scores = []
+    lp, M = params["layers"], B * T
+    fused = _dense_kernels(params, cfg, M, impl)
     for i in range(cfg.n_layers):
-        p = jax.tree.map(lambda w: w[i], params["layers"])
-        h = rms_norm(x, p["attn_norm"], eps)
-        q, k, v = _project_qkv(h, p, cfg)
-        if cfg.qkv_bias:
-            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-        if cfg.qk_norm:  # Qwen3 normalises each head before RoPE
-            q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
-        q, k = rope(q, positions, cfg), rope(k, positions, cfg)
+        p = jax.tree.map(lambda w: w[i], lp)
+        if fused is not None:   # RMSNorm + q/k/v GEMM + RoPE in one launch
+            y = fused.dense(x.reshape(M, -1), _flat(lp["wqkv"], 2), i, mode="qkv_rope", norm_w=lp["attn_norm"],
+                            eps=eps, aux=positions.reshape(M), inv_freq=_inv_freq(cfg), head_dim=cfg.head_dim,
+                            groups=cfg.group, implementation="pallas", interpret=impl.interpret)
+            y = y.reshape(B, T, cfg.n_kv_heads, cfg.group + 2, cfg.head_dim)
+            q, k, v = y[:, :, :, :cfg.group].reshape(B, T, cfg.n_heads, -1), y[:, :, :, -2], y[:, :, :, -1]
+        else:
+            h = rms_norm(x, p["attn_norm"], eps)
+            q, k, v = _project_qkv(h, p, cfg)
+            if cfg.qkv_bias:
+                q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+            if cfg.qk_norm:  # Qwen3 normalises each head before RoPE
+                q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+            q, k = rope(q, positions, cfg), rope(k, positions, cfg)
         k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
         if selector is not None:
             sel_idx, sel_n = selector(i, q)
@@ -159,6 +198,12 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
             o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
                                        score_rows=score_rows, score_mode=score_mode, impl=impl)
             all_scores.append(scores)
+        if fused is not None:   # x + o @ wo; RMSNorm + gate/up GEMM + SwiGLU; x + act @ w_down
+            run = functools.partial(fused.dense, implementation="pallas", interpret=impl.interpret)
+            x2 = run(o.astype(x.dtype).reshape(M, -1), _flat(lp["wo"], 1, 3), i, mode="residual", aux=x.reshape(M, -1))
+            act = run(x2, _flat(lp["w_gu"], 2), i, mode="glu", norm_w=lp["mlp_norm"], eps=eps)
+            x = run(act, lp["w_down"], i, mode="residual", aux=x2).reshape(B, T, -1)
+            continue
         # wo and w_down contract over the heads / F that tensor parallelism shards (jspec/sharding.py): their
         # outputs accumulate in f32 so the all-reduce of the partial sums is f32 and the result is rounded
         # once, as on one device (a bf16 all-reduce changed greedy tokens). Same numerics unsharded.

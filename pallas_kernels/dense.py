@@ -1,0 +1,229 @@
+"""Decode-sized dense layers as single launches: a layer's GEMMs with their norms, RoPE, SwiGLU and residual adds.
+
+At decode sizes (M = B*T tokens <= a few hundred) a transformer layer's dense part is launch-latency-bound,
+not bandwidth-bound: at SmolLM2's B=64 draft step the four cuBLAS GEMMs read ~7 MB of weights (~2 us of
+HBM time) but take ~16 us, and the norms, RoPE, slices and residual adds around them are ~8 more launches
+of 1-3 us each (bench/results/prof_wave_h200.json). Here each GEMM carries its neighbours:
+
+    qkv_rope(x, norm_w, wqkv)    RMSNorm -> x @ wqkv -> RoPE on the q and k heads      [M, K*(G+2)*H]
+    glu(x, norm_w, w_gu)         RMSNorm -> silu(x @ w_gate) * (x @ w_up)              [M, F]
+    residual(a, w, x)            x + a @ w (f32 accumulation, rounded once)             [M, D]
+
+so a layer is 3 of these plus the attention (and the cache write) instead of ~12 launches.
+
+Every weight is the model's stacked [L, ...] array read at a runtime `layer` operand (like the attention
+kernels read the stacked cache): slicing w[i] for a custom call would copy it, and one compiled kernel
+serves all layers. The grid is (row blocks, column blocks); a program owns block_n output columns (one head
+for qkv_rope, so RoPE's two halves are two [.., H/2] accumulators) and loops over the contraction in chunks
+of block_k. RMSNorm needs each row's mean square first: a program makes one pass over its x rows for it
+(they are tiny next to its weight tile), then normalises each chunk as it feeds the dot.
+
+Numerics follow jspec.model's XLA path: the GEMM result is rounded to the activation dtype before RoPE /
+SwiGLU / the residual add (as XLA's einsum output is), elementwise steps run in f32 and round per step.
+Supported: rows M a multiple of 16; contraction and column sizes multiples of 16; head_dim 64 or 128.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from . import _common as C
+
+MODES = ("qkv_rope", "glu", "residual")
+
+
+def _r(z, dtype):
+    """Round an f32 value through `dtype` (what XLA does between two elementwise ops of that dtype)."""
+    return z.astype(dtype).astype(jnp.float32)
+
+
+def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, mode, eps, block_k, block_n,
+                  ncols, groups, norm):
+    """x_ref [bm, Kd]; nw_ref [L, Kd] (norm weights, unused without norm); w_ref [L, Kd, Nc]; aux_ref: the
+    residual block [bm, bn] (residual), row positions [bm] (qkv_rope) or unused; inv_ref [H/2] RoPE inverse
+    frequencies (qkv_rope); o_ref [bm, bn]."""
+    bm, kd = x_ref.shape
+    layer = layer_ref[()]
+    n = pl.program_id(1)
+    dt = o_ref.dtype
+    n_chunks = kd // block_k
+
+    def chunk(c):
+        return pl.multiple_of(c * block_k, block_k)
+
+    if norm:
+        def sq(c, acc):
+            xc = x_ref[:, pl.ds(chunk(c), block_k)].astype(jnp.float32)
+            return acc + jnp.sum(xc * xc, axis=1)
+        ms = lax.fori_loop(0, n_chunks, sq, jnp.zeros((bm,), jnp.float32)) / kd
+        rstd = lax.rsqrt(ms + eps)
+
+    def operand(c):
+        xc = x_ref[:, pl.ds(chunk(c), block_k)]
+        if not norm:
+            return xc
+        w = nw_ref[layer, pl.ds(chunk(c), block_k)].astype(jnp.float32)
+        return ((xc.astype(jnp.float32) * rstd[:, None]) * w[None, :]).astype(xc.dtype)
+
+    if mode == "qkv_rope":   # a program = one head: its two halves are the rotated pair
+        half = block_n // 2
+        cols = (n * block_n, n * block_n + half)
+    elif mode == "glu":      # gate columns n*bn.., up columns ncols + n*bn..
+        half = block_n
+        cols = (n * block_n, ncols + n * block_n)
+    else:
+        half = block_n
+        cols = (n * block_n,)
+
+    def step(c, accs):
+        a = operand(c)
+        return tuple(acc + jnp.dot(a, w_ref[layer, pl.ds(chunk(c), block_k), pl.ds(col, half)],
+                                   preferred_element_type=jnp.float32)
+                     for acc, col in zip(accs, cols))
+
+    accs = lax.fori_loop(0, n_chunks, step, tuple(jnp.zeros((bm, half), jnp.float32) for _ in cols))
+    if mode == "qkv_rope":
+        a1, a2 = (_r(acc, dt) for acc in accs)
+        ang = aux_ref[...].astype(jnp.float32)[:, None] * inv_ref[...][None, :]
+        cos, sin = jnp.cos(ang), jnp.sin(ang)
+        rotate = (n % (groups + 2)) <= groups      # q heads and the k head; the v head passes through
+        o_ref[:, pl.ds(0, half)] = jnp.where(rotate, a1 * cos - a2 * sin, a1).astype(dt)
+        o_ref[:, pl.ds(half, half)] = jnp.where(rotate, a2 * cos + a1 * sin, a2).astype(dt)
+    elif mode == "glu":
+        g, u = (_r(acc, dt) for acc in accs)
+        silu = _r(g * _r(jax.nn.sigmoid(g), dt), dt)
+        o_ref[...] = (silu * u).astype(dt)
+    else:
+        o_ref[...] = (aux_ref[...].astype(jnp.float32) + _r(accs[0], dt)).astype(dt)
+
+
+def _block(size: int, cap: int) -> int:
+    """Largest power of two <= cap dividing size (>= 16), or 0."""
+    b = cap
+    while b >= 16:
+        if size % b == 0:
+            return b
+        b //= 2
+    return 0
+
+
+def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
+    """Validates a launch; NotImplementedError for shapes the kernel does not tile (callers fall back)."""
+    if mode not in MODES:
+        raise ValueError(f"{mode=} must be one of {MODES}")
+    if x.ndim != 2 or w.ndim != 3:
+        raise ValueError(f"expected x [M, Kd] and stacked w [L, Kd, Nc], got {x.shape=} {w.shape=}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"contraction mismatch: {x.shape=} {w.shape=}")
+    C.check_layer(w, layer)
+    M, kd = x.shape
+    if M % 16 or not _block(kd, 64):
+        raise NotImplementedError(f"rows {M} and contraction {kd} must be multiples of 16")
+    if mode == "qkv_rope":
+        if head_dim not in C.SUPPORTED_HEAD_DIMS or w.shape[2] % (head_dim * (groups + 2)):
+            raise NotImplementedError(f"{head_dim=} / {w.shape=} do not tile into heads of {groups}+2")
+    elif mode == "glu":
+        if w.shape[2] % 2 or not _block(w.shape[2] // 2, 32):
+            raise NotImplementedError(f"gate/up columns {w.shape[2]} must be 2 x a multiple of 16")
+    elif not _block(w.shape[2], 32):
+        raise NotImplementedError(f"columns {w.shape[2]} must be a multiple of 16")
+    if x.dtype not in C.SUPPORTED_DTYPES or w.dtype != x.dtype:
+        raise NotImplementedError(f"x / w dtypes {x.dtype} / {w.dtype} must match and be bf16, f16 or f32")
+
+
+@functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "num_warps", "num_stages",
+                                             "interpret"))
+def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
+                 groups=None, num_warps=4, num_stages=3, interpret=False):
+    """One fused decode-sized dense step (module docstring), Pallas.
+
+    Args:
+      x: [M, Kd] activations (the residual stream for qkv_rope / glu; attention output or SwiGLU for residual).
+      w: [L, Kd, Nc] stacked weights (qkv_rope: the fused [L, D, K*(G+2)*H]; glu: [L, D, 2F], gate then up;
+        residual: [L, Kd, D]); layer: int or traced int32 scalar.
+      norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu); eps: its epsilon.
+      aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.
+      inv_freq: f32[H/2] RoPE inverse frequencies (qkv_rope); head_dim, groups: H and G (qkv_rope).
+    Returns:
+      [M, Nc] (qkv_rope, residual) or [M, Nc / 2] (glu), x.dtype.
+    """
+    check_shapes(mode, x, w, layer, head_dim=head_dim, groups=groups)
+    C.check_platform(interpret)
+    M, kd = x.shape
+    L, _, nc = w.shape
+    block_m = _block(M, 64)
+    block_k = _block(kd, 64)
+    if mode == "qkv_rope":
+        block_n, ncols = head_dim, nc
+    elif mode == "glu":
+        ncols = nc // 2
+        block_n = _block(ncols, 32)
+    else:
+        block_n, ncols = _block(nc, 32), nc
+    norm = mode != "residual"
+    if norm and (norm_w is None or norm_w.shape != (L, kd)):
+        raise ValueError(f"{mode} needs norm_w [L, Kd] = {(L, kd)}, got {None if norm_w is None else norm_w.shape}")
+    if mode == "residual" and (aux is None or aux.shape != (M, nc)):
+        raise ValueError(f"residual needs aux [M, Nc] = {(M, nc)}, got {None if aux is None else aux.shape}")
+    if mode == "qkv_rope" and (aux is None or aux.shape != (M,) or inv_freq is None):
+        raise ValueError("qkv_rope needs aux = int32[M] positions and inv_freq [H/2]")
+    nw = norm_w if norm else jnp.zeros((L, kd), x.dtype)
+    if mode == "residual":
+        aux_spec = pl.BlockSpec((block_m, block_n), lambda m, n: (m, n))
+    else:
+        aux = aux.astype(jnp.int32) if aux is not None else jnp.zeros((M,), jnp.int32)
+        aux_spec = pl.BlockSpec((block_m,), lambda m, n: (m,))
+    half = (head_dim or 32) // 2
+    inv = (jnp.zeros((half,), jnp.float32) if inv_freq is None else jnp.asarray(inv_freq, jnp.float32))
+    kernel = functools.partial(_dense_kernel, mode=mode, eps=float(eps), block_k=block_k, block_n=block_n,
+                               ncols=ncols, groups=groups, norm=norm)
+    return pl.pallas_call(
+        kernel,
+        grid=(M // block_m, ncols // block_n),
+        in_specs=[
+            C.LAYER_SPEC,
+            pl.BlockSpec((block_m, kd), lambda m, n: (m, 0)),
+            pl.BlockSpec((L, kd), lambda m, n: (0, 0)),
+            pl.BlockSpec((L, kd, nc), lambda m, n: (0, 0, 0)),
+            aux_spec,
+            pl.BlockSpec((inv.shape[0],), lambda m, n: (0,)),
+        ],
+        out_specs=pl.BlockSpec((block_m, block_n), lambda m, n: (m, n)),
+        out_shape=jax.ShapeDtypeStruct((M, ncols), x.dtype),
+        compiler_params=C.BlockSizes(num_warps=num_warps, num_stages=num_stages).compiler_params(),
+        interpret=interpret,
+        name=f"dense_{mode}",
+    )(jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), x, nw, w, aux, inv)
+
+
+def dense_reference(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
+                    groups=None, **_):
+    """The same step in float32 jnp (HIGHEST precision, no intermediate rounding): the kernels' ground truth."""
+    f32 = jnp.float32
+    wl = w[layer].astype(f32)
+    h = x.astype(f32)
+    if mode != "residual":
+        h = h * lax.rsqrt(jnp.mean(h * h, axis=1, keepdims=True) + eps) * norm_w[layer].astype(f32)[None]
+    y = jnp.dot(h, wl, precision=lax.Precision.HIGHEST)
+    if mode == "residual":
+        return (aux.astype(f32) + y).astype(x.dtype)
+    if mode == "glu":
+        g, u = jnp.split(y, 2, axis=1)
+        return (jax.nn.silu(g) * u).astype(x.dtype)
+    M = x.shape[0]
+    y = y.reshape(M, -1, groups + 2, head_dim)
+    ang = aux.astype(f32)[:, None] * jnp.asarray(inv_freq, f32)[None, :]
+    cos, sin = jnp.cos(ang)[:, None, None], jnp.sin(ang)[:, None, None]
+    y1, y2 = jnp.split(y, 2, axis=-1)
+    rot = jnp.concatenate([y1 * cos - y2 * sin, y2 * cos + y1 * sin], axis=-1)
+    roles = jnp.arange(groups + 2)[None, None, :, None]
+    return jnp.where(roles <= groups, rot, y).reshape(M, -1).astype(x.dtype)
+
+
+def dense(x, w, layer, *, mode, implementation=None, **kwargs):
+    """`dense_kernel` ("pallas"), `dense_reference` ("xla"), or the kernel with fallback (None)."""
+    return C.dispatch(implementation, dense_kernel, dense_reference, x, w, layer, mode=mode, **kwargs)
