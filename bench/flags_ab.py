@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import base_record, write_json  # noqa: E402
@@ -78,6 +79,7 @@ def main():
         out, _, cache = c["ar"](params, cache, logits, key)
         out.block_until_ready()
         best["ar"] = min(best["ar"], time.perf_counter() - t)
+        ar_tokens = np.asarray(out)
         cache = kv_cache.rollback(cache, lens)
         state = c["prepare"](params, cache, logits, tokens[:, -1])
         jax.block_until_ready(state)
@@ -86,8 +88,13 @@ def main():
         out.block_until_ready()
         best["vegas"] = min(best["vegas"], time.perf_counter() - t)
         cache, tau = kv_cache.rollback(final.cache, lens), st.tau()
+        vegas_tokens = np.asarray(out)
+    n = min(ar_tokens.shape[1], vegas_tokens.shape[1])
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    np.save(os.path.splitext(a.out)[0] + "_ar_tokens.npy", ar_tokens)   # compare settings' greedy output
     rec = base_record(tag=a.tag, dense_rows=impl.dense_rows, L=L, B=B, new_tokens=a.new, compile_s=round(compile_s, 1),
                       ar_s=round(best["ar"], 4), vegas_s=round(best["vegas"], 4), vegas_tau=round(tau, 3),
+                      vegas_equals_ar=float(np.mean(ar_tokens[:, :n] == vegas_tokens[:, :n])),
                       ar_tokens_per_s=round(B * (a.new - 1) / best["ar"], 1),
                       vegas_tokens_per_s=round(B * (a.new - 1) / best["vegas"], 1),
                       total_s=round(best["ar"] + best["vegas"], 4), wall_s=round(time.perf_counter() - t0, 1))
