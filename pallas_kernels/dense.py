@@ -41,33 +41,32 @@ def _r(z, dtype):
     return z.astype(dtype).astype(jnp.float32)
 
 
-def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, mode, eps, block_k, block_n,
+def _chunks(size: int, cap: int) -> list[tuple[int, int]]:
+    """(start, length) pieces of a contraction of `size`: powers of two <= cap, largest first (576 -> 512, 64)."""
+    out, start = [], 0
+    while start < size:
+        n = min(cap, C.prev_pow2(size - start))
+        out.append((start, n))
+        start += n
+    return out
+
+
+def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, mode, eps, chunks, block_n,
                   ncols, groups, norm):
     """x_ref [bm, Kd]; nw_ref [L, Kd] (norm weights, unused without norm); w_ref [L, Kd, Nc]; aux_ref: the
     residual block [bm, bn] (residual), row positions [bm] (qkv_rope) or unused; inv_ref [H/2] RoPE inverse
-    frequencies (qkv_rope); o_ref [bm, bn]."""
+    frequencies (qkv_rope); o_ref [bm, bn]. The contraction is unrolled over static `chunks` (all loads can be
+    in flight at once: at decode sizes a program is latency-bound, not bandwidth-bound)."""
     bm, kd = x_ref.shape
     layer = layer_ref[()]
     n = pl.program_id(1)
     dt = o_ref.dtype
-    n_chunks = kd // block_k
-
-    def chunk(c):
-        return pl.multiple_of(c * block_k, block_k)
-
+    xs = [x_ref[:, pl.ds(c0, cn)] for c0, cn in chunks]
     if norm:
-        def sq(c, acc):
-            xc = x_ref[:, pl.ds(chunk(c), block_k)].astype(jnp.float32)
-            return acc + jnp.sum(xc * xc, axis=1)
-        ms = lax.fori_loop(0, n_chunks, sq, jnp.zeros((bm,), jnp.float32)) / kd
+        ms = sum(jnp.sum(jnp.square(xc.astype(jnp.float32)), axis=1) for xc in xs) / kd
         rstd = lax.rsqrt(ms + eps)
-
-    def operand(c):
-        xc = x_ref[:, pl.ds(chunk(c), block_k)]
-        if not norm:
-            return xc
-        w = nw_ref[layer, pl.ds(chunk(c), block_k)].astype(jnp.float32)
-        return ((xc.astype(jnp.float32) * rstd[:, None]) * w[None, :]).astype(xc.dtype)
+        xs = [((xc.astype(jnp.float32) * rstd[:, None]) * nw_ref[layer, pl.ds(c0, cn)].astype(jnp.float32)[None, :])
+              .astype(xc.dtype) for xc, (c0, cn) in zip(xs, chunks)]
 
     if mode == "qkv_rope":   # a program = one head: its two halves are the rotated pair
         half = block_n // 2
@@ -78,14 +77,9 @@ def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, m
     else:
         half = block_n
         cols = (n * block_n,)
-
-    def step(c, accs):
-        a = operand(c)
-        return tuple(acc + jnp.dot(a, w_ref[layer, pl.ds(chunk(c), block_k), pl.ds(col, half)],
-                                   preferred_element_type=jnp.float32)
-                     for acc, col in zip(accs, cols))
-
-    accs = lax.fori_loop(0, n_chunks, step, tuple(jnp.zeros((bm, half), jnp.float32) for _ in cols))
+    accs = [sum(jnp.dot(xc, w_ref[layer, pl.ds(c0, cn), pl.ds(pl.multiple_of(col, half), half)],
+                        preferred_element_type=jnp.float32) for xc, (c0, cn) in zip(xs, chunks))
+            for col in cols]
     if mode == "qkv_rope":
         a1, a2 = (_r(acc, dt) for acc in accs)
         ang = aux_ref[...].astype(jnp.float32)[:, None] * inv_ref[...][None, :]
@@ -121,7 +115,7 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
         raise ValueError(f"contraction mismatch: {x.shape=} {w.shape=}")
     C.check_layer(w, layer)
     M, kd = x.shape
-    if M % 16 or not _block(kd, 64):
+    if M % 16 or kd % 16:
         raise NotImplementedError(f"rows {M} and contraction {kd} must be multiples of 16")
     if mode == "qkv_rope":
         if head_dim not in C.SUPPORTED_HEAD_DIMS or w.shape[2] % (head_dim * (groups + 2)):
@@ -135,10 +129,10 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
         raise NotImplementedError(f"x / w dtypes {x.dtype} / {w.dtype} must match and be bf16, f16 or f32")
 
 
-@functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "num_warps", "num_stages",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "block_n", "max_chunk", "num_warps",
+                                             "num_stages", "interpret"))
 def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
-                 groups=None, num_warps=4, num_stages=3, interpret=False):
+                 groups=None, block_n=32, max_chunk=128, num_warps=4, num_stages=1, interpret=False):
     """One fused decode-sized dense step (module docstring), Pallas.
 
     Args:
@@ -148,6 +142,8 @@ def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq
       norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu); eps: its epsilon.
       aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.
       inv_freq: f32[H/2] RoPE inverse frequencies (qkv_rope); head_dim, groups: H and G (qkv_rope).
+      block_n: output columns per program (qkv_rope: always one head); max_chunk: longest contraction piece;
+        num_warps, num_stages: Triton launch parameters.
     Returns:
       [M, Nc] (qkv_rope, residual) or [M, Nc / 2] (glu), x.dtype.
     """
@@ -156,14 +152,11 @@ def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq
     M, kd = x.shape
     L, _, nc = w.shape
     block_m = _block(M, 64)
-    block_k = _block(kd, 64)
     if mode == "qkv_rope":
         block_n, ncols = head_dim, nc
-    elif mode == "glu":
-        ncols = nc // 2
-        block_n = _block(ncols, 32)
     else:
-        block_n, ncols = _block(nc, 32), nc
+        ncols = nc // 2 if mode == "glu" else nc
+        block_n = _block(ncols, block_n)
     norm = mode != "residual"
     if norm and (norm_w is None or norm_w.shape != (L, kd)):
         raise ValueError(f"{mode} needs norm_w [L, Kd] = {(L, kd)}, got {None if norm_w is None else norm_w.shape}")
@@ -179,7 +172,7 @@ def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq
         aux_spec = pl.BlockSpec((block_m,), lambda m, n: (m,))
     half = (head_dim or 32) // 2
     inv = (jnp.zeros((half,), jnp.float32) if inv_freq is None else jnp.asarray(inv_freq, jnp.float32))
-    kernel = functools.partial(_dense_kernel, mode=mode, eps=float(eps), block_k=block_k, block_n=block_n,
+    kernel = functools.partial(_dense_kernel, mode=mode, eps=float(eps), chunks=tuple(_chunks(kd, max_chunk)), block_n=block_n,
                                ncols=ncols, groups=groups, norm=norm)
     return pl.pallas_call(
         kernel,
