@@ -34,6 +34,12 @@ from jax.experimental import pallas as pl
 from . import _common as C
 
 MODES = ("qkv_rope", "glu", "residual")
+# (block_n, max_chunk, num_warps) per mode, the fastest at SmolLM2's M=64 shapes on the H200
+# (bench/results/dense_sweep_h200.json); qkv_rope's block_n is always one head.
+TUNED = {"qkv_rope": (64, 256, 4), "glu": (16, 512, 4), "residual": (16, 512, 4), "residual_long": (32, 512, 4)}
+# Largest contraction the unrolled pieces are used for (measured up to SmolLM2's F = 1536); longer ones keep
+# XLA's GEMMs (a model of Llama's size is bandwidth-, not launch-bound, at decode sizes).
+MAX_CONTRACTION = 2048
 
 
 def _r(z, dtype):
@@ -115,8 +121,9 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
         raise ValueError(f"contraction mismatch: {x.shape=} {w.shape=}")
     C.check_layer(w, layer)
     M, kd = x.shape
-    if M % 16 or kd % 16:
-        raise NotImplementedError(f"rows {M} and contraction {kd} must be multiples of 16")
+    if M % 16 or kd % 16 or kd > MAX_CONTRACTION:
+        raise NotImplementedError(f"rows {M} and contraction {kd} must be multiples of 16, {kd=} <= "
+                                  f"{MAX_CONTRACTION}")
     if mode == "qkv_rope":
         if head_dim not in C.SUPPORTED_HEAD_DIMS or w.shape[2] % (head_dim * (groups + 2)):
             raise NotImplementedError(f"{head_dim=} / {w.shape=} do not tile into heads of {groups}+2")
@@ -132,7 +139,7 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
 @functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "block_n", "max_chunk", "num_warps",
                                              "num_stages", "interpret"))
 def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
-                 groups=None, block_n=32, max_chunk=128, num_warps=4, num_stages=1, interpret=False):
+                 groups=None, block_n=None, max_chunk=None, num_warps=None, num_stages=1, interpret=False):
     """One fused decode-sized dense step (module docstring), Pallas.
 
     Args:
@@ -143,7 +150,7 @@ def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq
       aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.
       inv_freq: f32[H/2] RoPE inverse frequencies (qkv_rope); head_dim, groups: H and G (qkv_rope).
       block_n: output columns per program (qkv_rope: always one head); max_chunk: longest contraction piece;
-        num_warps, num_stages: Triton launch parameters.
+        num_warps, num_stages: Triton launch parameters. None: TUNED.
     Returns:
       [M, Nc] (qkv_rope, residual) or [M, Nc / 2] (glu), x.dtype.
     """
@@ -152,6 +159,8 @@ def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq
     M, kd = x.shape
     L, _, nc = w.shape
     block_m = _block(M, 64)
+    tuned = TUNED["residual_long" if mode == "residual" and kd > 1024 else mode]
+    block_n, max_chunk, num_warps = (tuned[j] if v is None else v for j, v in enumerate((block_n, max_chunk, num_warps)))
     if mode == "qkv_rope":
         block_n, ncols = head_dim, nc
     else:
