@@ -9,18 +9,26 @@ of 1-3 us each (bench/results/prof_wave_h200.json). Here each GEMM carries its n
     glu(x, norm_w, w_gu)         RMSNorm -> silu(x @ w_gate) * (x @ w_up)              [M, F]
     residual(a, w, x)            x + a @ w (f32 accumulation, rounded once)             [M, D]
 
-so a layer is 3 of these plus the attention (and the cache write) instead of ~12 launches.
+so a layer is 4 of these plus the attention (and the cache write) instead of ~12 launches.
 
 Every weight is the model's stacked [L, ...] array read at a runtime `layer` operand (like the attention
 kernels read the stacked cache): slicing w[i] for a custom call would copy it, and one compiled kernel
 serves all layers. The grid is (row blocks, column blocks); a program owns block_n output columns (one head
-for qkv_rope, so RoPE's two halves are two [.., H/2] accumulators) and loops over the contraction in chunks
-of block_k. RMSNorm needs each row's mean square first: a program makes one pass over its x rows for it
-(they are tiny next to its weight tile), then normalises each chunk as it feeds the dot.
+for qkv_rope, so RoPE's two halves are two [.., H/2] accumulators) and walks the contraction in static
+power-of-two pieces (576 -> 512 + 64), unrolled. RMSNorm scales each piece by the row's rsqrt(mean square),
+taken over the pieces first.
+
+Measured on the H200 (bench/results/dense_sweep_h200.json, dense_ab_h200.json): per launch the fused
+qkv_rope and glu beat XLA's GEMM + fusions at SmolLM2's M=64, the long-contraction residual (w_down) loses
+(12 vs 7 us), and in whole generation loops the fused layers are 17-28% slower than cuBLAS, so the model
+uses them only on request (AttnImpl.dense_rows). What they offer instead: a row's result does not depend
+on how many rows the launch has (fixed tiles, fixed contraction order), unlike cuBLAS, whose algorithm and
+so rounding change with M. A one-token ar step and a (gamma+1)-token verification then compute the same
+bf16 logits, and vegas' greedy output equalled ar's on every token at L=8000, B=64 (0.81 with cuBLAS).
 
 Numerics follow jspec.model's XLA path: the GEMM result is rounded to the activation dtype before RoPE /
 SwiGLU / the residual add (as XLA's einsum output is), elementwise steps run in f32 and round per step.
-Supported: rows M a multiple of 16; contraction and column sizes multiples of 16; head_dim 64 or 128.
+Supported: rows M a multiple of 16; contraction (<= 2048) and column sizes multiples of 16; head_dim 64, 128.
 """
 from __future__ import annotations
 
@@ -136,11 +144,17 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
         raise NotImplementedError(f"x / w dtypes {x.dtype} / {w.dtype} must match and be bf16, f16 or f32")
 
 
+def dense_kernel(x, w, layer, **kwargs):
+    """One fused decode-sized dense step (module docstring), Pallas; arguments as `_dense_call`."""
+    C.check_layer(w, layer)   # a concrete layer is checked here, before jit makes it a tracer
+    return _dense_call(x, w, layer, **kwargs)
+
+
 @functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "block_n", "max_chunk", "num_warps",
                                              "num_stages", "interpret"))
-def dense_kernel(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
-                 groups=None, block_n=None, max_chunk=None, num_warps=None, num_stages=1, interpret=False):
-    """One fused decode-sized dense step (module docstring), Pallas.
+def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
+                groups=None, block_n=None, max_chunk=None, num_warps=None, num_stages=1, interpret=False):
+    """The jitted launch of `dense_kernel`.
 
     Args:
       x: [M, Kd] activations (the residual stream for qkv_rope / glu; attention output or SwiGLU for residual).

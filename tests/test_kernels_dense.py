@@ -1,0 +1,113 @@
+"""pallas_kernels/dense.py: the fused decode-sized dense steps against float32 references, and the model
+wired to them (AttnImpl.dense_rows) against its XLA path."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jspec import kv_cache, model
+from jspec.attention import AttnImpl
+from jspec.config import ModelConfig
+from pallas_kernels import dense as Dn
+from tests._kernel_utils import INTERPRET
+
+L, D, K, G, H, F = 2, 96, 2, 2, 64, 80
+INV = 1.0 / (10000.0 ** (np.arange(0, H, 2) / H)).astype(np.float32)
+TOL = {jnp.float32: dict(atol=1e-4, rtol=1e-4), jnp.bfloat16: dict(atol=6e-2, rtol=3e-2)}
+
+
+def _rnd(seed, shape, dtype, scale=1.0):
+    return (scale * jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
+
+
+def _case(mode, M, dtype, seed):
+    nw = (1.0 + _rnd(seed, (L, D), jnp.float32, 0.1)).astype(dtype)
+    if mode == "qkv_rope":
+        x, w = _rnd(seed + 1, (M, D), dtype), _rnd(seed + 2, (L, D, K * (G + 2) * H), dtype, 0.1)
+        pos = jax.random.randint(jax.random.key(seed + 3), (M,), 0, 9000)
+        return x, w, dict(norm_w=nw, aux=pos, inv_freq=INV, head_dim=H, groups=G)
+    if mode == "glu":
+        return _rnd(seed + 1, (M, D), dtype), _rnd(seed + 2, (L, D, 2 * F), dtype, 0.1), dict(norm_w=nw)
+    a, w = _rnd(seed + 1, (M, F), dtype), _rnd(seed + 2, (L, F, D), dtype, 0.1)
+    return a, w, dict(aux=_rnd(seed + 3, (M, D), dtype))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("mode", Dn.MODES)
+def test_dense_matches_reference(mode, dtype):
+    """Each mode at two row counts (one and several row blocks), both layers, a traced layer index."""
+    for M, seed in ((16, 0), (80, 10)):
+        x, w, kw = _case(mode, M, dtype, seed)
+        for layer in (0, jnp.int32(1)):
+            got = Dn.dense_kernel(x, w, layer, mode=mode, interpret=INTERPRET, **kw)
+            want = Dn.dense_reference(x, w, layer, mode=mode, **kw)
+            assert got.shape == want.shape and got.dtype == x.dtype
+            np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                       err_msg=f"{mode} M={M} layer={layer}", **TOL[dtype])
+
+
+def test_rope_leaves_v_heads_alone_and_rotates_q_k():
+    """With every position 0 RoPE is the identity; at other positions only the q and k heads change."""
+    x, w, kw = _case("qkv_rope", 16, jnp.float32, 3)
+    plain = Dn.dense_kernel(x, w, 0, mode="qkv_rope", interpret=INTERPRET, **{**kw, "aux": jnp.zeros(16, jnp.int32)})
+    moved = Dn.dense_kernel(x, w, 0, mode="qkv_rope", interpret=INTERPRET, **kw)
+    heads = lambda y: np.asarray(y).reshape(16, K, G + 2, H)   # noqa: E731
+    np.testing.assert_allclose(heads(moved)[:, :, G + 1], heads(plain)[:, :, G + 1], atol=1e-6)
+    assert np.abs(heads(moved)[:, :, : G + 1] - heads(plain)[:, :, : G + 1]).max() > 1e-2
+
+
+def test_unsupported_shapes_raise():
+    x, w, kw = _case("glu", 16, jnp.float32, 5)
+    with pytest.raises(NotImplementedError, match="multiples of 16"):
+        Dn.dense_kernel(x[:9], w, 0, mode="glu", interpret=True, **kw)
+    with pytest.raises(NotImplementedError, match="2048"):
+        Dn.check_shapes("residual", jax.ShapeDtypeStruct((16, 4096), jnp.bfloat16),
+                        jax.ShapeDtypeStruct((2, 4096, 64), jnp.bfloat16), 0)
+    with pytest.raises(ValueError, match="mode"):
+        Dn.dense_kernel(x, w, 0, mode="swiglu", interpret=True)
+    with pytest.raises(ValueError, match="norm_w"):
+        Dn.dense_kernel(x, w, 0, mode="glu", interpret=True)
+    with pytest.raises(ValueError, match="out of range"):
+        Dn.dense_kernel(x, w, 2, mode="glu", interpret=True, **kw)
+
+
+def _tiny():
+    return ModelConfig(arch="llama", vocab_size=96, d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=64,
+                       ffn_dim=96, dtype="float32", max_position=256)
+
+
+def test_model_dense_path_equals_xla():
+    """model.forward with dense_rows on (Pallas, interpret on CPU): a 16-row decode step and an 80-row
+    5-token step (with Collect-2-Query scores) give XLA's logits, scores and cache."""
+    cfg = _tiny()
+    params = model.fuse_projections(model.init_params(cfg, jax.random.key(21), scale=0.3), cfg)
+    pal = AttnImpl(backend="pallas", interpret=INTERPRET, dense_rows=128)
+    xla = AttnImpl(backend="xla")
+    assert model._dense_kernels(params, cfg, 16, pal) is not None
+    B = 16
+    toks = jax.random.randint(jax.random.key(9), (B, 22), 0, cfg.vocab_size)
+    res = {}
+    for name, impl in (("dense", pal), ("xla", xla)):
+        cache = kv_cache.init(cfg, batch=B, capacity=32)
+        _, cache, _ = model.forward(params, cfg, toks[:, :16], cache, impl=xla)
+        a, cache, _ = model.forward(params, cfg, toks[:, 16:17], cache, impl=impl)
+        b, cache, aux = model.forward(params, cfg, toks[:, 17:22], cache, score_rows=(1, 4), impl=impl)
+        res[name] = (a, b, aux["scores"], cache.k, cache.v)
+    for got, want in zip(res["dense"], res["xla"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=3e-4, rtol=3e-4)
+
+
+def test_model_dense_path_is_used_only_where_it_applies():
+    cfg = _tiny()
+    stored = model.init_params(cfg, jax.random.key(0))
+    fused = model.fuse_projections(stored, cfg)
+    on = AttnImpl(backend="pallas", interpret=True, dense_rows=64)
+    assert model._dense_kernels(fused, cfg, 64, on) is not None
+    assert model._dense_kernels(fused, cfg, 80, on) is None                      # more rows than dense_rows
+    assert model._dense_kernels(fused, cfg, 8, on) is None                       # rows not a multiple of 16
+    assert model._dense_kernels(stored, cfg, 64, on) is None                     # separate q/k/v weights
+    assert model._dense_kernels(fused, cfg, 64, AttnImpl(backend="pallas", interpret=True)) is None  # default off
+    assert model._dense_kernels(fused, cfg, 64, AttnImpl(backend="xla", dense_rows=64)) is None
+    qwen2 = ModelConfig(**{**cfg.__dict__, "arch": "qwen2"})
+    assert model._dense_kernels(model.fuse_projections(model.init_params(qwen2, jax.random.key(0)), qwen2), qwen2,
+                                64, on) is None                                  # q/k/v biases
