@@ -111,3 +111,28 @@ def test_model_dense_path_is_used_only_where_it_applies():
     qwen2 = ModelConfig(**{**cfg.__dict__, "arch": "qwen2"})
     assert model._dense_kernels(model.fuse_projections(model.init_params(qwen2, jax.random.key(0)), qwen2), qwen2,
                                 64, on) is None                                  # q/k/v biases
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
+@pytest.mark.parametrize("M", [64, 320])
+def test_lowers_to_triton_at_smollm2_shapes(M):
+    """Each mode lowers to one Triton custom call at SmolLM2-135M's shapes (D=576, 3+2 heads of 64 per KV
+    head, F=1536): every op the kernels use has a Triton lowering rule."""
+    from tests._kernel_utils import lower_for_cuda, triton_calls
+    sd, bf = jax.ShapeDtypeStruct, jnp.bfloat16
+    inv = np.ones(32, np.float32)
+    cases = {
+        "qkv_rope": (sd((M, 576), bf), sd((30, 576, 960), bf), sd((30, 576), bf), sd((M,), jnp.int32)),
+        "glu": (sd((M, 576), bf), sd((30, 576, 3072), bf), sd((30, 576), bf), None),
+        "residual": (sd((M, 1536), bf), sd((30, 1536, 576), bf), None, sd((M, 576), bf)),
+    }
+    for mode, (x, w, nw, aux) in cases.items():
+        kw = dict(inv_freq=inv, head_dim=64, groups=3) if mode == "qkv_rope" else {}
+        args = [a for a in (x, w, nw, aux) if a is not None]
+
+        def fn(*a, mode=mode, kw=kw, has_nw=nw is not None, has_aux=aux is not None):
+            it = iter(a[2:])
+            return Dn.dense_kernel(a[0], a[1], 7, mode=mode, norm_w=next(it) if has_nw else None,
+                                   aux=next(it) if has_aux else None, **kw)
+        hlo = lower_for_cuda(fn, *args)
+        assert triton_calls(hlo, f"dense_{mode}") == 1, mode
