@@ -41,12 +41,17 @@ def main():
     ap.add_argument("--impl", default="pallas", choices=["pallas", "xla"], help="xla: CPU smoke test")
     ap.add_argument("--dense-rows", type=int, default=None,
                     help="AttnImpl.dense_rows: fused Pallas dense layers for steps of <= this many tokens (0: off)")
+    ap.add_argument("--dense-tuned", default="", help='JSON {mode: [block_m, block_n, max_chunk, num_warps]} '
+                    "overriding pallas_kernels.dense.TUNED")
     a = ap.parse_args()
     t0 = time.perf_counter()
     L, B = _shape(a.shape)
     impl = AttnImpl(backend=a.impl)
     if a.dense_rows is not None:
         impl = dataclasses.replace(impl, dense_rows=a.dense_rows)
+    if a.dense_tuned:   # launch configs of pallas_kernels/dense.py for this run (a sweep in whole loops)
+        from pallas_kernels import dense
+        dense.TUNED.update({k: tuple(v) for k, v in json.loads(a.dense_tuned).items()})
     m = jspec.load(a.model, progress=False)
     cfg, params = m.cfg, m.params
     code, prose = prompt_sources(a.corpus)
@@ -92,7 +97,7 @@ def main():
     n = min(ar_tokens.shape[1], vegas_tokens.shape[1])
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     np.save(os.path.splitext(a.out)[0] + "_ar_tokens.npy", ar_tokens)   # compare settings' greedy output
-    rec = base_record(tag=a.tag, dense_rows=impl.dense_rows, L=L, B=B, new_tokens=a.new, compile_s=round(compile_s, 1),
+    rec = base_record(tag=a.tag, dense_rows=impl.dense_rows, dense_tuned=a.dense_tuned, L=L, B=B, new_tokens=a.new, compile_s=round(compile_s, 1),
                       ar_s=round(best["ar"], 4), vegas_s=round(best["vegas"], 4), vegas_tau=round(tau, 3),
                       vegas_equals_ar=float(np.mean(ar_tokens[:, :n] == vegas_tokens[:, :n])),
                       ar_tokens_per_s=round(B * (a.new - 1) / best["ar"], 1),

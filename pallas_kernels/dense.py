@@ -42,9 +42,11 @@ from jax.experimental import pallas as pl
 from . import _common as C
 
 MODES = ("qkv_rope", "glu", "residual")
-# (block_n, max_chunk, num_warps) per mode, the fastest at SmolLM2's M=64 shapes on the H200
-# (bench/results/dense_sweep_h200.json); qkv_rope's block_n is always one head.
-TUNED = {"qkv_rope": (64, 256, 4), "glu": (16, 512, 4), "residual": (16, 512, 4), "residual_long": (32, 512, 4)}
+# (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (the largest power of
+# two <= it dividing M is used); block_n, max_chunk, num_warps as fastest at SmolLM2's M=64 shapes on the
+# H200 (bench/results/dense_sweep_h200.json); qkv_rope's block_n is always one head.
+TUNED = {"qkv_rope": (64, 64, 256, 4), "glu": (64, 16, 512, 4), "residual": (64, 16, 512, 4),
+         "residual_long": (64, 32, 512, 4)}
 # Largest contraction the unrolled pieces are used for (measured up to SmolLM2's F = 1536); longer ones keep
 # XLA's GEMMs (a model of Llama's size is bandwidth-, not launch-bound, at decode sizes).
 MAX_CONTRACTION = 2048
@@ -150,10 +152,11 @@ def dense_kernel(x, w, layer, **kwargs):
     return _dense_call(x, w, layer, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "block_n", "max_chunk", "num_warps",
+@functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "block_m", "block_n", "max_chunk", "num_warps",
                                              "num_stages", "interpret"))
 def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
-                groups=None, block_n=None, max_chunk=None, num_warps=None, num_stages=1, interpret=False):
+                groups=None, block_m=None, block_n=None, max_chunk=None, num_warps=None, num_stages=1,
+                interpret=False):
     """The jitted launch of `dense_kernel`.
 
     Args:
@@ -163,7 +166,8 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
       norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu); eps: its epsilon.
       aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.
       inv_freq: f32[H/2] RoPE inverse frequencies (qkv_rope); head_dim, groups: H and G (qkv_rope).
-      block_n: output columns per program (qkv_rope: always one head); max_chunk: longest contraction piece;
+      block_m: rows per program (at most); block_n: output columns per program (qkv_rope: always one head);
+        max_chunk: longest contraction piece;
         num_warps, num_stages: Triton launch parameters. None: TUNED.
     Returns:
       [M, Nc] (qkv_rope, residual) or [M, Nc / 2] (glu), x.dtype.
@@ -172,9 +176,10 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
     C.check_platform(interpret)
     M, kd = x.shape
     L, _, nc = w.shape
-    block_m = _block(M, 64)
     tuned = TUNED["residual_long" if mode == "residual" and kd > 1024 else mode]
-    block_n, max_chunk, num_warps = (tuned[j] if v is None else v for j, v in enumerate((block_n, max_chunk, num_warps)))
+    block_m, block_n, max_chunk, num_warps = (
+        tuned[j] if v is None else v for j, v in enumerate((block_m, block_n, max_chunk, num_warps)))
+    block_m = _block(M, block_m)   # fixed by M alone: a row's rounding never depends on the launch's size
     if mode == "qkv_rope":
         block_n, ncols = head_dim, nc
     else:
