@@ -42,8 +42,8 @@ class AttnImpl:
     mesh: Optional[Mesh] = None
     # Steps of at most this many tokens (B*T) run each layer's dense part as fused Pallas launches
     # (pallas_kernels/dense.py) when the attention kernels are in use; 0 (default) keeps XLA's GEMMs. Opt-in:
-    # slower than cuBLAS on the H200 (bench/results/dense_ab_h200.json), but their rounding does not depend on
-    # the step's row count, so with dense_rows >= B*(gamma+1) a lossless method's bf16 greedy output equals ar's.
+    # 6-8% slower than cuBLAS on the H200 (bench/results/dense_ab_h200.json), but their rounding does not depend
+    # on the step's row count, so with dense_rows >= B*(gamma+1) a lossless method's bf16 greedy output equals ar's.
     dense_rows: int = 0
 
     def __post_init__(self):

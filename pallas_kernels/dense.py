@@ -18,13 +18,13 @@ for qkv_rope, so RoPE's two halves are two [.., H/2] accumulators) and walks the
 power-of-two pieces (576 -> 512 + 64), unrolled. RMSNorm scales each piece by the row's rsqrt(mean square),
 taken over the pieces first.
 
-Measured on the H200 (bench/results/dense_sweep_h200.json, dense_ab_h200.json): per launch the fused
-qkv_rope and glu beat XLA's GEMM + fusions at SmolLM2's M=64, the long-contraction residual (w_down) loses
-(12 vs 7 us), and in whole generation loops the fused layers are 17-28% slower than cuBLAS, so the model
-uses them only on request (AttnImpl.dense_rows). What they offer instead: a row's result does not depend
-on how many rows the launch has (fixed tiles, fixed contraction order), unlike cuBLAS, whose algorithm and
-so rounding change with M. A one-token ar step and a (gamma+1)-token verification then compute the same
-bf16 logits, and vegas' greedy output equalled ar's on every token at L=8000, B=64 (0.81 with cuBLAS).
+Measured on the H200 at L=8000, B=64 (bench/results/dense_ab_h200.json; per-launch sweep in
+dense_sweep_h200.json): in whole generation loops no launch config beats cuBLAS + XLA's fusions (best: ar
+15,420 vs 16,372 tok/s, -6%), so the model uses them only on request (AttnImpl.dense_rows). What they offer
+instead: a row's result does not depend on how many rows the launch has (fixed tiles, block_m fixed by M's
+divisibility alone, fixed contraction order), unlike cuBLAS, whose algorithm and so rounding change with M.
+A one-token ar step and a (gamma+1)-token verification then compute the same bf16 logits, and vegas'
+greedy output equalled ar's on every token (0.81 of tokens with cuBLAS) at 7.8% lower vegas throughput.
 
 Numerics follow jspec.model's XLA path: the GEMM result is rounded to the activation dtype before RoPE /
 SwiGLU / the residual add (as XLA's einsum output is), elementwise steps run in f32 and round per step.
@@ -43,10 +43,12 @@ from . import _common as C
 
 MODES = ("qkv_rope", "glu", "residual")
 # (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (the largest power of
-# two <= it dividing M is used); block_n, max_chunk, num_warps as fastest at SmolLM2's M=64 shapes on the
-# H200 (bench/results/dense_sweep_h200.json); qkv_rope's block_n is always one head.
-TUNED = {"qkv_rope": (64, 64, 256, 4), "glu": (64, 16, 512, 4), "residual": (64, 16, 512, 4),
-         "residual_long": (64, 32, 512, 4)}
+# two <= it dividing M is used). Chosen in whole generation loops on the H200 at L=8000, B=64
+# (bench/results/dense_ab_h200.json, "m16"): 16-row programs were 8-10% faster than 64-row ones (which held a
+# [64, D] activation tile each), pieces of <= 256 the fastest with 5-token verifications in the launch too.
+# qkv_rope's block_n is always one head.
+TUNED = {"qkv_rope": (16, 64, 256, 4), "glu": (16, 32, 256, 4), "residual": (16, 32, 256, 4),
+         "residual_long": (16, 32, 256, 4)}
 # Largest contraction the unrolled pieces are used for (measured up to SmolLM2's F = 1536); longer ones keep
 # XLA's GEMMs (a model of Llama's size is bandwidth-, not launch-bound, at decode sizes).
 MAX_CONTRACTION = 2048
