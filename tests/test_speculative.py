@@ -225,6 +225,36 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     assert cli.main(argv[:-1] + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8"]) == 0
     lo, hi = min(res["stats"]["tau_per_sequence"]), max(res["stats"]["tau_per_sequence"])
     assert f"(per sequence {lo:.2f}-{hi:.2f})" in capsys.readouterr().out   # the text summary line
+    seen = []   # --exact hands generate an AttnImpl with dense_rows for the batch
+    real_generate = jspec.generate
+    monkeypatch.setattr(jspec, "generate", lambda *a, **k: seen.append(k["impl"]) or real_generate(*a, **k))
+    assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--exact"]) == 0
+    assert seen[-1].dense_rows == 128 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
+
+
+def test_dense_kernels_inside_the_speculative_loop():
+    """AttnImpl(dense_rows=...) in the engine (Pallas kernels, interpret mode on CPU): the one-token draft and
+    ar steps and the (gamma+1)-token verification on the fused dense kernels; vegas' greedy output equals
+    plain greedy decoding's under the same impl and the XLA path's."""
+    cfg = ModelConfig(arch="llama", vocab_size=96, d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=64,
+                      ffn_dim=96, dtype="float32", max_position=256, eos_token_ids=(3,))
+    params = model.fuse_projections(model.init_params(cfg, jax.random.key(4), scale=0.3), cfg)
+    B, P, new = 16, 20, 6
+    tokens = jax.random.randint(jax.random.key(5), (B, P), 4, cfg.vocab_size)
+    lengths = jnp.full((B,), P, jnp.int32)
+    impl = AttnImpl(backend="pallas", interpret=True, dense_rows=B * 3)
+    assert model._dense_kernels(params, cfg, B * 3, impl) is not None
+    spec = SpecConfig("vegas", gamma=2, budget=8, min_tokens=8)
+    cap = 40
+    out = {}
+    for name, im in (("dense", impl), ("xla", AttnImpl(backend="xla"))):
+        logits, cache = gen.prefill(params, cfg, tokens, lengths, kv_cache.init(cfg, batch=B, capacity=cap), impl=im)
+        ar, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=new, impl=im)
+        state = speculative.init(params, cfg, spec, tokens, lengths, cap, impl=im)
+        sp, _, _ = speculative.run(params, cfg, spec, GREEDY, state, jax.random.key(0), new, impl=im)
+        out[name] = (np.asarray(ar), np.asarray(sp))
+    np.testing.assert_array_equal(out["dense"][1], out["dense"][0])
+    np.testing.assert_array_equal(out["dense"][0], out["xla"][0])
 
 
 @pytest.mark.parametrize("method", ["vegas", "streaming"])
