@@ -256,57 +256,73 @@ def run_donating(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfi
 
 
 def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl, drafter=None):
-    is_longspec = spec.method == "longspec"
-    m = None if is_longspec else _method(spec)
+    st = start(spec, samp, state, key, max_new_tokens, stop_tokens)
+    st = jax.lax.while_loop(lambda st: ~jnp.all(st.done),
+                            lambda st: round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter),
+                            st)
+    return finish(st, state.logits)
+
+
+def finish(st: "_Loop", logits):
+    """(tokens [B, max_new_tokens], n_out, SpecStats, final State) of a finished loop."""
+    max_new = st.out.shape[1] - st.hist.shape[1]
+    final = State(cache=st.cache, logits=logits, method=st.mstate)
+    return st.out[:, :max_new], st.n_out, SpecStats(rounds=st.rounds, accept_hist=st.hist), final
+
+
+def _stop_test(stop_tokens):
+    stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+    return lambda t: jnp.any(t[..., None] == stops, axis=-1)
+
+
+def start(spec: SpecConfig, samp: SamplingConfig, state: State, key, max_new_tokens: int, stop_tokens=()) -> "_Loop":
+    """The loop carry before the first round: each row's first token drawn from the prefill's logits."""
     B = state.logits.shape[0]
     g = spec.depth
-    stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
-
-    def is_stop(t):
-        return jnp.any(t[..., None] == stops, axis=-1)
-
+    is_stop = _stop_test(stop_tokens)
     key, sub = jax.random.split(key)
     if samp.greedy:
         first = sampling.greedy(state.logits)
     else:
         first = sampling.draw(sampling.process_logits(state.logits, samp), sub)
     out = jnp.full((B, max_new_tokens + g + 1), -1, jnp.int32).at[:, 0].set(first)
-    st = _Loop(cache=state.cache, mstate=state.method, last=first, out=out, n_out=jnp.ones((B,), jnp.int32),
-               done=is_stop(first) | (max_new_tokens <= 1), key=key, rounds=jnp.zeros((B,), jnp.int32),
-               hist=jnp.zeros((B, g + 1), jnp.int32))
+    return _Loop(cache=state.cache, mstate=state.method, last=first, out=out, n_out=jnp.ones((B,), jnp.int32),
+                 done=is_stop(first) | (max_new_tokens <= 1), key=key, rounds=jnp.zeros((B,), jnp.int32),
+                 hist=jnp.zeros((B, g + 1), jnp.int32))
 
-    def body(st: _Loop) -> _Loop:
-        key, k_draft, k_accept = jax.random.split(st.key, 3)
-        base = st.cache.lengths
-        if is_longspec:   # drafts = the accepted path; the cache is already compacted
-            drafts, n_acc, nxt, cache, mstate = longspec.step(params, cfg, spec, samp, drafter, st.mstate, st.cache,
-                                                              st.last, ~st.done, k_draft, k_accept, impl)
-        else:
-            drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl)
-            cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
-            logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl)
-            n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
 
-        # Emit d1..dn + next, cut after the first stop token and at max_new_tokens; finished rows emit nothing.
-        tokens = emitted(drafts, n_acc, nxt)
-        i = jnp.arange(g + 1, dtype=jnp.int32)[None]
-        stop_at = jnp.where(is_stop(tokens) & (i <= n_acc[:, None]), i, g + 1).min(axis=1)   # g+1: none
-        count = jnp.minimum(jnp.minimum(n_acc + 1, stop_at + 1), max_new_tokens - st.n_out)
-        count = jnp.where(st.done, 0, count)
-        tokens = jnp.where(i < count[:, None], tokens, -1)
-        # Slots >= n_out are still -1, so writing the whole padded row is safe.
-        out = jax.vmap(lambda row, t, s: jax.lax.dynamic_update_slice(row, t, (s,)))(st.out, tokens, st.n_out)
-        n_out = st.n_out + count
-        done = st.done | (stop_at < count) | (n_out >= max_new_tokens)
+def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, impl, drafter=None) -> "_Loop":
+    """One round (the while_loop body): draft, verify, accept, emit, roll back, update the selection."""
+    is_longspec = spec.method == "longspec"
+    g = spec.depth
+    is_stop = _stop_test(stop_tokens)
+    key, k_draft, k_accept = jax.random.split(st.key, 3)
+    base = st.cache.lengths
+    if is_longspec:   # drafts = the accepted path; the cache is already compacted
+        drafts, n_acc, nxt, cache, mstate = longspec.step(params, cfg, spec, samp, drafter, st.mstate, st.cache,
+                                                          st.last, ~st.done, k_draft, k_accept, impl)
+    else:
+        drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl)
+        cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
+        logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl)
+        n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
 
-        active = ~st.done
-        cache = cache.replace(lengths=jnp.where(active, base + n_acc + 1, base))
-        if not is_longspec:
-            mstate = m.update(spec, st.mstate, cache, scores, base)
-        hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * active[:, None].astype(jnp.int32))
-        return _Loop(cache=cache, mstate=mstate, last=jnp.where(active, nxt, st.last), out=out, n_out=n_out,
-                     done=done, key=key, rounds=st.rounds + active.astype(jnp.int32), hist=hist)
+    # Emit d1..dn + next, cut after the first stop token and at max_new_tokens; finished rows emit nothing.
+    tokens = emitted(drafts, n_acc, nxt)
+    i = jnp.arange(g + 1, dtype=jnp.int32)[None]
+    stop_at = jnp.where(is_stop(tokens) & (i <= n_acc[:, None]), i, g + 1).min(axis=1)   # g+1: none
+    count = jnp.minimum(jnp.minimum(n_acc + 1, stop_at + 1), max_new_tokens - st.n_out)
+    count = jnp.where(st.done, 0, count)
+    tokens = jnp.where(i < count[:, None], tokens, -1)
+    # Slots >= n_out are still -1, so writing the whole padded row is safe.
+    out = jax.vmap(lambda row, t, s: jax.lax.dynamic_update_slice(row, t, (s,)))(st.out, tokens, st.n_out)
+    n_out = st.n_out + count
+    done = st.done | (stop_at < count) | (n_out >= max_new_tokens)
 
-    st = jax.lax.while_loop(lambda st: ~jnp.all(st.done), body, st)
-    final = State(cache=st.cache, logits=state.logits, method=st.mstate)
-    return st.out[:, :max_new_tokens], st.n_out, SpecStats(rounds=st.rounds, accept_hist=st.hist), final
+    active = ~st.done
+    cache = cache.replace(lengths=jnp.where(active, base + n_acc + 1, base))
+    if not is_longspec:
+        mstate = _method(spec).update(spec, st.mstate, cache, scores, base)
+    hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * active[:, None].astype(jnp.int32))
+    return _Loop(cache=cache, mstate=mstate, last=jnp.where(active, nxt, st.last), out=out, n_out=n_out,
+                 done=done, key=key, rounds=st.rounds + active.astype(jnp.int32), hist=hist)

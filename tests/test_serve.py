@@ -1,0 +1,116 @@
+"""Continuous batching (jspec/speculative/serve.py): a queue of requests through fewer slots; each request's
+greedy output equals plain greedy decoding of that request alone, for self-speculative methods and LongSpec,
+with stop tokens (rows finish at different rounds) and more slots than requests."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jspec import decoding as gen
+from jspec import kv_cache, model
+from jspec.config import ModelConfig, RopeScaling, SamplingConfig
+from jspec.drafter import init_drafter_params
+from jspec.speculative import SpecConfig
+from jspec.speculative import serve as sv
+
+GREEDY = SamplingConfig()
+NEW, CAP = 14, 128
+LENGTHS = (5, 40, 17, 9, 33)
+
+
+def _setup(local: bool):
+    cfg = ModelConfig(arch="llama", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                      ffn_dim=96, rope_theta=10000.0, rope_scaling=RopeScaling(factor=8.0, original_max_position=32),
+                      dtype="float32", max_position=256)
+    params = model.init_params(cfg, jax.random.key(1), scale=0.3)
+    if local:   # next token depends mostly on the current one: drafts get accepted at different rates per row
+        params = dict(params, layers=dict(params["layers"], wo=0.006 * params["layers"]["wo"],
+                                          w_down=0.006 * params["layers"]["w_down"]))
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(4, cfg.vocab_size, n).tolist() for n in LENGTHS]
+    return cfg, params, prompts
+
+
+def _alone(cfg, params, prompt, stops):
+    """Plain greedy decoding of one prompt by itself, cut after the first stop token."""
+    tokens, lengths = gen.pad_prompts([prompt])
+    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths),
+                                kv_cache.init(cfg, batch=1, capacity=CAP))
+    out, n, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW,
+                           stop_tokens=stops)
+    return np.asarray(out)[0, :int(n[0])].tolist()
+
+
+@pytest.mark.parametrize("method", ["vegas", "streaming", "longspec"])
+def test_each_request_equals_plain_decoding_alone(method):
+    cfg, params, prompts = _setup(local=method == "longspec")
+    free = [_alone(cfg, params, p, ()) for p in prompts]
+    stop = next(int(t) for t in free[0][1:8] if any(t not in row for row in free[1:]))   # stops some rows early
+    want = [_alone(cfg, params, p, (stop,)) for p in prompts]
+    assert len({len(w) for w in want}) > 1
+    drafter = None
+    if method == "longspec":
+        spec = SpecConfig("longspec", tree_widths=(2, 3), window=8)
+        drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.0)
+    else:
+        spec = SpecConfig(method, gamma=3, budget=12, min_tokens=12)
+    outs, st = sv.serve(params, cfg, spec, GREEDY, prompts, batch=2, capacity=CAP, max_new_tokens=NEW,
+                        stop_tokens=(stop,), drafter=drafter)
+    assert [o.tolist() for o in outs] == want
+    assert st.segments >= 4 and st.new_tokens == sum(len(w) for w in want)
+    assert all(r >= 1 for r in st.rounds) and [int(np.sum(h)) for h in st.accept_hist] == st.rounds
+    assert st.tau >= 1.0 and st.decode_s > 0 and st.prefill_s > 0
+
+
+def test_more_slots_than_requests_and_bad_requests():
+    cfg, params, prompts = _setup(local=False)
+    spec = SpecConfig("streaming", gamma=2, budget=8)
+    outs, st = sv.serve(params, cfg, spec, GREEDY, prompts[:2], batch=4, capacity=CAP, max_new_tokens=6)
+    assert [o.tolist() for o in outs] == [_alone(cfg, params, p, ())[:6] for p in prompts[:2]]
+    with pytest.raises(ValueError, match="capacity"):
+        sv.serve(params, cfg, spec, GREEDY, prompts, batch=2, capacity=48, max_new_tokens=NEW)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        sv.serve(params, cfg, spec, GREEDY, [], batch=2, capacity=CAP, max_new_tokens=NEW)
+    with pytest.raises(ValueError, match="at least one token"):
+        sv.serve(params, cfg, spec, GREEDY, [[5, 6], []], batch=2, capacity=CAP, max_new_tokens=NEW)
+
+
+def test_put_row_finds_the_batch_axis():
+    big, small = jnp.zeros((3, 4, 5)), jnp.ones((3, 1, 5))
+    got = np.asarray(sv._put_row(big, small, jnp.int32(2)))
+    assert got[:, 2].min() == 1 and got.sum() == 15
+    with pytest.raises(ValueError, match="batch axis"):
+        sv._put_row(jnp.zeros((4, 4)), jnp.ones((1, 2)), 0)
+
+
+@pytest.mark.parametrize("method", ["vegas", "quest"])
+def test_insert_puts_a_fresh_row_and_leaves_the_others(method):
+    """Lossless output cannot see a stale selection state (it only costs tau), so check `insert` directly: the
+    slot's every leaf (cache rows, method state, loop state) equals a 1-row start on that prompt; other
+    slots are untouched."""
+    from jspec.speculative import engine
+    cfg, params, prompts = _setup(local=False)
+    spec = SpecConfig(method, gamma=2, budget=16, min_tokens=16, page_size=4)
+    tokens, lengths = gen.pad_prompts(prompts[:3])
+    st = engine.start(spec, GREEDY, engine.init(params, cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths), CAP),
+                      jax.random.key(0), NEW)
+    st = sv.run_until(params, cfg, spec, GREEDY, st, jnp.zeros(3, bool), NEW)    # rows move on first
+    host = functools.partial(jax.tree.map, lambda x: np.asarray(
+        jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x))
+    before = host(st)
+    t1, l1 = gen.pad_prompts(prompts[3:4])
+    one = engine.init(params, cfg, spec, jnp.asarray(t1), jnp.asarray(l1), CAP)
+    fresh = host(engine.start(spec, GREEDY, one, jax.random.key(9), NEW))
+    after = host(sv.insert(st, one, jnp.int32(1), spec, GREEDY, jax.random.key(9), NEW))
+    checked = 0
+    for (path, a), b, f in zip(jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before),
+                               jax.tree.leaves(fresh)):
+        if a.shape == f.shape:   # the PRNG key: stays the batch's
+            continue
+        axis = next(i for i, (m, n) in enumerate(zip(a.shape, f.shape)) if m != n)
+        np.testing.assert_array_equal(np.take(a, 1, axis), np.take(f, 0, axis), err_msg=str(path))
+        np.testing.assert_array_equal(np.delete(a, 1, axis), np.delete(b, 1, axis), err_msg=str(path))
+        checked += 1
+    assert checked >= 10
