@@ -11,10 +11,16 @@ drafter drafts a chain or a tree; one target forward verifies each round.
     tokens, n_out, stats = jspec.speculative.run(params, cfg, spec, samp, state, key, max_new_tokens,
                                                  drafter=d.params)
 
+    # Continuous batching: a queue of prompts through `batch` slots, a finished slot refilled between rounds
+    outs, stats = jspec.speculative.serve(params, cfg, spec, samp, prompts, batch=16, capacity=8448,
+                                          max_new_tokens=256)
+
 Methods (one module each, one shared engine): streaming, quest, vegas, longspec (+ tree.py: draft trees and
 their lossless acceptance). See engine.py and DESIGN.md section 4.
 """
 from jspec.speculative.config import METHODS, SpecConfig
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating
+from jspec.speculative.serve import ServeStats, serve
 
-__all__ = ["METHODS", "SpecConfig", "SpecStats", "State", "init", "prepare", "run", "run_donating"]
+__all__ = ["METHODS", "ServeStats", "SpecConfig", "SpecStats", "State", "init", "prepare", "run", "run_donating",
+           "serve"]
