@@ -113,7 +113,8 @@ def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
     """pallas_kernels.dense when this step's layers can run as fused launches (AttnImpl.dense_rows), else None.
 
     Needs the fused weight layout, a plain Llama-style layer (no q/k/v bias or q/k norm) and a shape the
-    kernels tile; anything else (a batch of one, CPU without interpret, tensor parallelism) keeps XLA's path.
+    kernels tile (rows are padded to a multiple of 16 by `forward`); anything else (CPU without interpret,
+    tensor parallelism) keeps XLA's path.
     """
     if (impl.backend == "xla" or impl.mesh is not None or M > impl.dense_rows or cfg.qkv_bias or cfg.qk_norm
             or "wqkv" not in params["layers"]):
@@ -122,6 +123,7 @@ def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
     lp = params["layers"]
     try:
         _common.check_platform(impl.interpret)
+        M = _pad16(M)
         x = jax.ShapeDtypeStruct((M, cfg.d_model), lp["wqkv"].dtype)
         dense.check_shapes("qkv_rope", x, _flat(lp["wqkv"], 2), 0, head_dim=cfg.head_dim, groups=cfg.group)
         dense.check_shapes("glu", x, _flat(lp["w_gu"], 2), 0)
@@ -131,6 +133,10 @@ def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
     except NotImplementedError:
         return None
     return dense
+
+
+def _pad16(M: int) -> int:
+    return -(-M // 16) * 16
 
 
 def _flat(w, start, stop=None):
@@ -172,13 +178,17 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     all_scores = []
     lp, M = params["layers"], B * T
     fused = _dense_kernels(params, cfg, M, impl)
+    if fused is not None:   # the stream as [Mp, D] rows, zero rows padding M to the kernels' 16-row blocks
+        def pad(a):
+            return jnp.pad(a, ((0, _pad16(M) - M),) + ((0, 0),) * (a.ndim - 1))
+        xs, pos = pad(x.reshape(M, -1)), pad(positions.reshape(M))
     for i in range(cfg.n_layers):
         p = jax.tree.map(lambda w: w[i], lp)
         if fused is not None:   # RMSNorm + q/k/v GEMM + RoPE in one launch
-            y = fused.dense(x.reshape(M, -1), _flat(lp["wqkv"], 2), i, mode="qkv_rope", norm_w=lp["attn_norm"],
-                            eps=eps, aux=positions.reshape(M), inv_freq=_inv_freq(cfg), head_dim=cfg.head_dim,
-                            groups=cfg.group, implementation="pallas", interpret=impl.interpret)
-            y = y.reshape(B, T, cfg.n_kv_heads, cfg.group + 2, cfg.head_dim)
+            y = fused.dense(xs, _flat(lp["wqkv"], 2), i, mode="qkv_rope", norm_w=lp["attn_norm"], eps=eps, aux=pos,
+                            inv_freq=_inv_freq(cfg), head_dim=cfg.head_dim, groups=cfg.group,
+                            implementation="pallas", interpret=impl.interpret)
+            y = y[:M].reshape(B, T, cfg.n_kv_heads, cfg.group + 2, cfg.head_dim)
             q, k, v = y[:, :, :, :cfg.group].reshape(B, T, cfg.n_heads, -1), y[:, :, :, -2], y[:, :, :, -1]
         else:
             h = rms_norm(x, p["attn_norm"], eps)
@@ -200,9 +210,9 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
             all_scores.append(scores)
         if fused is not None:   # x + o @ wo; RMSNorm + gate/up GEMM + SwiGLU; x + act @ w_down
             run = functools.partial(fused.dense, implementation="pallas", interpret=impl.interpret)
-            x2 = run(o.astype(x.dtype).reshape(M, -1), _flat(lp["wo"], 1, 3), i, mode="residual", aux=x.reshape(M, -1))
+            x2 = run(pad(o.astype(x.dtype).reshape(M, -1)), _flat(lp["wo"], 1, 3), i, mode="residual", aux=xs)
             act = run(x2, _flat(lp["w_gu"], 2), i, mode="glu", norm_w=lp["mlp_norm"], eps=eps)
-            x = run(act, lp["w_down"], i, mode="residual", aux=x2).reshape(B, T, -1)
+            xs = run(act, lp["w_down"], i, mode="residual", aux=x2)
             continue
         # wo and w_down contract over the heads / F that tensor parallelism shards (jspec/sharding.py): their
         # outputs accumulate in f32 so the all-reduce of the partial sums is f32 and the result is rounded
@@ -214,6 +224,8 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(g) * u, p["w_down"],
                            preferred_element_type=jnp.float32).astype(x.dtype)
 
+    if fused is not None:
+        x = xs[:M].reshape(B, T, -1)
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, :, None], axis=1)
     x = rms_norm(x, params["final_norm"], eps)

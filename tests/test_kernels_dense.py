@@ -77,24 +77,24 @@ def _tiny():
 
 
 def test_model_dense_path_equals_xla():
-    """model.forward with dense_rows on (Pallas, interpret on CPU): a 16-row decode step and an 80-row
-    5-token step (with Collect-2-Query scores) give XLA's logits, scores and cache."""
+    """model.forward with dense_rows on (Pallas, interpret on CPU): a one-token decode step and a 5-token step
+    (with Collect-2-Query scores) give XLA's logits, scores and cache, at 16 / 80 rows and at 3 / 15 (padded)."""
     cfg = _tiny()
     params = model.fuse_projections(model.init_params(cfg, jax.random.key(21), scale=0.3), cfg)
     pal = AttnImpl(backend="pallas", interpret=INTERPRET, dense_rows=128)
     xla = AttnImpl(backend="xla")
     assert model._dense_kernels(params, cfg, 16, pal) is not None
-    B = 16
-    toks = jax.random.randint(jax.random.key(9), (B, 22), 0, cfg.vocab_size)
-    res = {}
-    for name, impl in (("dense", pal), ("xla", xla)):
-        cache = kv_cache.init(cfg, batch=B, capacity=32)
-        _, cache, _ = model.forward(params, cfg, toks[:, :16], cache, impl=xla)
-        a, cache, _ = model.forward(params, cfg, toks[:, 16:17], cache, impl=impl)
-        b, cache, aux = model.forward(params, cfg, toks[:, 17:22], cache, score_rows=(1, 4), impl=impl)
-        res[name] = (a, b, aux["scores"], cache.k, cache.v)
-    for got, want in zip(res["dense"], res["xla"]):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=3e-4, rtol=3e-4)
+    for B in (16, 3):   # 3: 3 and 15 rows, padded to 16 inside forward
+        toks = jax.random.randint(jax.random.key(9), (B, 22), 0, cfg.vocab_size)
+        res = {}
+        for name, impl in (("dense", pal), ("xla", xla)):
+            cache = kv_cache.init(cfg, batch=B, capacity=32)
+            _, cache, _ = model.forward(params, cfg, toks[:, :16], cache, impl=xla)
+            a, cache, _ = model.forward(params, cfg, toks[:, 16:17], cache, impl=impl)
+            b, cache, aux = model.forward(params, cfg, toks[:, 17:22], cache, score_rows=(1, 4), impl=impl)
+            res[name] = (a, b, aux["scores"], cache.k, cache.v)
+        for got, want in zip(res["dense"], res["xla"]):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=3e-4, rtol=3e-4, err_msg=f"{B=}")
 
 
 def test_model_dense_path_is_used_only_where_it_applies():
@@ -104,7 +104,7 @@ def test_model_dense_path_is_used_only_where_it_applies():
     on = AttnImpl(backend="pallas", interpret=True, dense_rows=64)
     assert model._dense_kernels(fused, cfg, 64, on) is not None
     assert model._dense_kernels(fused, cfg, 80, on) is None                      # more rows than dense_rows
-    assert model._dense_kernels(fused, cfg, 8, on) is None                       # rows not a multiple of 16
+    assert model._dense_kernels(fused, cfg, 8, on) is not None                   # padded to 16 rows by forward
     assert model._dense_kernels(stored, cfg, 64, on) is None                     # separate q/k/v weights
     assert model._dense_kernels(fused, cfg, 64, AttnImpl(backend="pallas", interpret=True)) is None  # default off
     assert model._dense_kernels(fused, cfg, 64, AttnImpl(backend="xla", dense_rows=64)) is None
