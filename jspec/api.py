@@ -114,7 +114,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
              capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
              config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
-             drafter=None, **spec_knobs) -> Output:
+             drafter=None, slots: Optional[int] = None, **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
@@ -126,6 +126,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
     tree_widths (default (4, 16, 16, 16, 16)), gamma (chain length).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
+    slots: speculative methods: run the prompts through this many batch slots with continuous batching
+    (`jspec.speculative.serve`: a finished slot takes the next prompt) instead of as one static batch.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
     method = spec.method if spec is not None else "ar"
@@ -149,12 +151,21 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     B = len(ids)
     stops = () if ignore_eos else model.stop_tokens
     impl = attn_impl(model, impl)
+    if slots is not None:
+        if spec is None:
+            raise _gen.InputError("slots (continuous batching) applies to speculative methods, not 'ar'")
+        if slots < 1:
+            raise _gen.InputError(f"slots={slots} must be >= 1")
+        if model.mesh is not None:
+            raise _gen.InputError("slots (continuous batching) does not support tensor-parallel models yet")
     if spec is not None:
         kw = {}
         if spec.method == "longspec":
             d = load_drafter_for(model, drafter)
             spec = dataclasses.replace(spec, window=d.window)
             kw = dict(drafter=d.params)
+        if slots is not None:
+            return _serve_spec(model, spec, samp, ids, capacity, max_new_tokens, stops, seed, impl, kw, slots)
         return _generate_spec(model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl, kw)
     cache = new_cache(model, batch=B, capacity=capacity)
 
@@ -251,6 +262,22 @@ def new_cache(model: Model, *, batch: int, capacity: int) -> kv_cache.KVCache:
         return kv_cache.init(model.cfg, batch=batch, capacity=capacity)
     from jspec import sharding
     return sharding.init_cache(model.cfg, model.mesh, batch=batch, capacity=capacity)
+
+
+def _serve_spec(model: Model, spec, samp, ids, capacity, max_new_tokens, stops, seed, impl, kw, slots) -> Output:
+    outs, st = speculative.serve(model.params, model.cfg, spec, samp, ids, batch=slots, capacity=capacity,
+                                 max_new_tokens=max_new_tokens, stop_tokens=stops, impl=impl, seed=seed, **kw)
+    toks = [o.tolist() for o in outs]
+    hist = np.asarray(st.accept_hist)
+    decoded = sum(max(len(t) - 1, 0) for t in toks)
+    per_seq = (hist * np.arange(1, hist.shape[1] + 1)).sum(1) / np.maximum(hist.sum(1), 1)
+    stats = Stats(method=spec.method, batch=slots, prompt_tokens=[len(p) for p in ids],
+                  new_tokens=[len(t) for t in toks], prefill_s=st.prefill_s, decode_s=st.decode_s,
+                  tokens_per_s=decoded / max(st.decode_s, 1e-9), tau=st.tau, accept_hist=hist.sum(0).tolist(),
+                  rounds=list(st.rounds), tau_per_sequence=[round(float(x), 4) for x in per_seq],
+                  knobs=spec.describe())
+    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
+    return Output(texts=texts, tokens=toks, stats=stats)
 
 
 def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl,

@@ -28,7 +28,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                  top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0, ignore_eos: bool = False,
                  as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
                  sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None,
-                 mode=None, widths=None, drafter=None, topk=None, exact=False):
+                 mode=None, widths=None, drafter=None, topk=None, exact=False, slots=None):
     import jspec
     from jspec import data
 
@@ -62,7 +62,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     impl = AttnImpl(dense_rows=64 * batch) if exact else AttnImpl()
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=spec,
-                         drafter=drafter, impl=impl)
+                         drafter=drafter, impl=impl, slots=slots)
     s = out.stats
     if as_json:
         print(json.dumps({"texts": out.texts, "tokens": out.tokens, "stats": vars(s)}))
@@ -175,6 +175,8 @@ def main(argv=None):
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", dest="as_json")
+    g.add_argument("--slots", type=int, default=None,
+                   help="speculative methods: continuous batching, the --batch prompts through this many slots")
     g.add_argument("--exact", action="store_true",
                    help="GPU, bf16: run each step's GEMMs on row-independent Pallas kernels so a speculative method's "
                         "greedy tokens equal `--exact` ar's bit for bit (measured for vegas; ~8%% slower)")

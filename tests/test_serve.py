@@ -114,3 +114,23 @@ def test_insert_puts_a_fresh_row_and_leaves_the_others(method):
         np.testing.assert_array_equal(np.delete(a, 1, axis), np.delete(b, 1, axis), err_msg=str(path))
         checked += 1
     assert checked >= 10
+
+
+def test_generate_with_slots():
+    """jspec.generate(..., slots=N): the same tokens as one static batch, per-request stats, clear errors."""
+    import jspec
+    from conftest import CharTokenizer
+    cfg, params, prompts = _setup(local=False)
+    m = jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="")
+    static = jspec.generate(m, prompts, method="vegas", gamma=2, budget=12, min_tokens=12, max_new_tokens=8)
+    served = jspec.generate(m, prompts, method="vegas", gamma=2, budget=12, min_tokens=12, max_new_tokens=8,
+                            slots=2)
+    ar = jspec.generate(m, prompts, max_new_tokens=8)
+    assert served.tokens == static.tokens == ar.tokens and served.texts == ar.texts
+    s = served.stats
+    assert s.batch == 2 and s.new_tokens == [len(t) for t in ar.tokens] and len(s.rounds) == len(prompts)
+    assert sum(s.accept_hist) == sum(s.rounds) and s.tau >= 1 and len(s.tau_per_sequence) == len(prompts)
+    with pytest.raises(jspec.InputError, match="speculative methods"):
+        jspec.generate(m, prompts, max_new_tokens=8, slots=2)
+    with pytest.raises(jspec.InputError, match="slots=0"):
+        jspec.generate(m, prompts, method="vegas", max_new_tokens=8, slots=0)

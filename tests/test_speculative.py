@@ -230,6 +230,11 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     monkeypatch.setattr(jspec, "generate", lambda *a, **k: seen.append(k["impl"]) or real_generate(*a, **k))
     assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--exact"]) == 0
     assert seen[-1].dense_rows == 128 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
+    assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--slots", "1"]) == 0
+    served = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert served["tokens"] == res["tokens"] and served["stats"]["batch"] == 1
+    assert cli.main(argv + ["--method", "ar", "--slots", "1"]) == 2
+    assert "speculative methods" in capsys.readouterr().err
 
 
 def test_dense_kernels_inside_the_speculative_loop():
