@@ -270,11 +270,10 @@ def _serve_spec(model: Model, spec, samp, ids, capacity, max_new_tokens, stops, 
     toks = [o.tolist() for o in outs]
     hist = np.asarray(st.accept_hist)
     decoded = sum(max(len(t) - 1, 0) for t in toks)
-    per_seq = (hist * np.arange(1, hist.shape[1] + 1)).sum(1) / np.maximum(hist.sum(1), 1)
     stats = Stats(method=spec.method, batch=slots, prompt_tokens=[len(p) for p in ids],
                   new_tokens=[len(t) for t in toks], prefill_s=st.prefill_s, decode_s=st.decode_s,
                   tokens_per_s=decoded / max(st.decode_s, 1e-9), tau=st.tau, accept_hist=hist.sum(0).tolist(),
-                  rounds=list(st.rounds), tau_per_sequence=[round(float(x), 4) for x in per_seq],
+                  rounds=list(st.rounds), tau_per_sequence=[round(float(x), 4) for x in st.tau_per_sequence()],
                   knobs=spec.describe())
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
     return Output(texts=texts, tokens=toks, stats=stats)

@@ -20,7 +20,7 @@ their lossless acceptance). See engine.py and DESIGN.md section 4.
 """
 from jspec.speculative.config import METHODS, SpecConfig
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating
-from jspec.speculative.serve import ServeStats, serve
+from jspec.speculative.continuous import ServeStats, serve
 
 __all__ = ["METHODS", "ServeStats", "SpecConfig", "SpecStats", "State", "init", "prepare", "run", "run_donating",
            "serve"]

@@ -76,8 +76,10 @@ class ServeStats:
 
     @property
     def tau(self) -> float:
-        hist = np.asarray(self.accept_hist).sum(0)
-        return float((hist * np.arange(1, hist.shape[-1] + 1)).sum() / max(hist.sum(), 1))
+        return float(engine._mean_emitted(np.asarray(self.accept_hist).sum(0)))
+
+    def tau_per_sequence(self) -> np.ndarray:
+        return engine._mean_emitted(np.asarray(self.accept_hist))
 
     @property
     def tokens_per_s(self) -> float:
