@@ -130,6 +130,11 @@ def test_generate_with_slots():
     s = served.stats
     assert s.batch == 2 and s.new_tokens == [len(t) for t in ar.tokens] and len(s.rounds) == len(prompts)
     assert sum(s.accept_hist) == sum(s.rounds) and s.tau >= 1 and len(s.tau_per_sequence) == len(prompts)
+    one = jspec.generate(m, prompts, method="vegas", max_new_tokens=1, slots=2)    # every slot done at once
+    assert one.tokens == [t[:1] for t in ar.tokens]
+    hot = jspec.generate(m, prompts, method="vegas", gamma=2, max_new_tokens=8, slots=2, temperature=0.9, seed=3)
+    assert [len(t) for t in hot.tokens] == [8] * len(prompts) and all(0 <= x < cfg.vocab_size for t in hot.tokens
+                                                                     for x in t)
     with pytest.raises(jspec.InputError, match="speculative methods"):
         jspec.generate(m, prompts, max_new_tokens=8, slots=2)
     with pytest.raises(jspec.InputError, match="slots=0"):
