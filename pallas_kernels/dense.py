@@ -44,7 +44,7 @@ from . import _common as C
 MODES = ("qkv_rope", "glu", "residual")
 # (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (the largest power of
 # two <= it dividing M is used). Chosen in whole generation loops on the H200 at L=8000, B=64
-# (bench/results/dense_ab_h200.json, "m16"): 16-row programs were 8-10% faster than 64-row ones (which held a
+# (bench/results/dense_ab_h200.json, "m16"): 16-row programs were 7-15% faster than 64-row ones (which held a
 # [64, D] activation tile each), pieces of <= 256 the fastest with 5-token verifications in the launch too.
 # qkv_rope's block_n is always one head.
 TUNED = {"qkv_rope": (16, 64, 256, 4), "glu": (16, 32, 256, 4), "residual": (16, 32, 256, 4),
