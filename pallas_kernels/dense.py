@@ -71,7 +71,7 @@ def _chunks(size: int, cap: int) -> list[tuple[int, int]]:
 
 def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, mode, eps, chunks, block_n,
                   ncols, groups, norm):
-    """x_ref [bm, Kd]; nw_ref [L, Kd] (norm weights, unused without norm); w_ref [L, Kd, Nc]; aux_ref: the
+    """x_ref [bm, Kd]; nw_ref [L, Kd] norm weights (a placeholder without norm); w_ref [L, Kd, Nc]; aux_ref: the
     residual block [bm, bn] (residual), row positions [bm] (qkv_rope) or unused; inv_ref [H/2] RoPE inverse
     frequencies (qkv_rope); o_ref [bm, bn]. The contraction is unrolled over static `chunks` (all loads can be
     in flight at once: at decode sizes a program is latency-bound, not bandwidth-bound)."""
@@ -194,14 +194,25 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
         raise ValueError(f"residual needs aux [M, Nc] = {(M, nc)}, got {None if aux is None else aux.shape}")
     if mode == "qkv_rope" and (aux is None or aux.shape != (M,) or inv_freq is None):
         raise ValueError("qkv_rope needs aux = int32[M] positions and inv_freq [H/2]")
-    nw = norm_w if norm else jnp.zeros((L, kd), x.dtype)
+    # An operand a mode does not read is a 16-element placeholder (not an [L, Kd] or [M] array per launch).
+    def unused(shape, dtype):
+        return jnp.zeros(shape, dtype), pl.BlockSpec(shape, lambda m, n: (0,) * len(shape))
+
+    if norm:
+        nw, nw_spec = norm_w, pl.BlockSpec((L, kd), lambda m, n: (0, 0))
+    else:
+        nw, nw_spec = unused((1, 16), x.dtype)
     if mode == "residual":
         aux_spec = pl.BlockSpec((block_m, block_n), lambda m, n: (m, n))
+    elif mode == "qkv_rope":
+        aux, aux_spec = aux.astype(jnp.int32), pl.BlockSpec((block_m,), lambda m, n: (m,))
     else:
-        aux = aux.astype(jnp.int32) if aux is not None else jnp.zeros((M,), jnp.int32)
-        aux_spec = pl.BlockSpec((block_m,), lambda m, n: (m,))
-    half = (head_dim or 32) // 2
-    inv = (jnp.zeros((half,), jnp.float32) if inv_freq is None else jnp.asarray(inv_freq, jnp.float32))
+        aux, aux_spec = unused((16,), jnp.int32)
+    if mode == "qkv_rope":
+        inv = jnp.asarray(inv_freq, jnp.float32)
+        inv_spec = pl.BlockSpec((inv.shape[0],), lambda m, n: (0,))
+    else:
+        inv, inv_spec = unused((16,), jnp.float32)
     kernel = functools.partial(_dense_kernel, mode=mode, eps=float(eps), chunks=tuple(_chunks(kd, max_chunk)), block_n=block_n,
                                ncols=ncols, groups=groups, norm=norm)
     return pl.pallas_call(
@@ -210,10 +221,10 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
         in_specs=[
             C.LAYER_SPEC,
             pl.BlockSpec((block_m, kd), lambda m, n: (m, 0)),
-            pl.BlockSpec((L, kd), lambda m, n: (0, 0)),
+            nw_spec,
             pl.BlockSpec((L, kd, nc), lambda m, n: (0, 0, 0)),
             aux_spec,
-            pl.BlockSpec((inv.shape[0],), lambda m, n: (0,)),
+            inv_spec,
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda m, n: (m, n)),
         out_shape=jax.ShapeDtypeStruct((M, ncols), x.dtype),
