@@ -1,13 +1,14 @@
 """Static batches vs continuous batching (jspec.speculative.serve) over one queue of long prompts.
 
     PYTHONPATH=. python bench/serve.py --out $OUT/serve_h200.json [--shape 8000x16 --queue 4 --new 256]
-        [--methods ar,vegas,longspec] [--impl pallas]
+        [--methods ar,vegas,longspec] [--impl pallas] [--refill 1,4]
 
 A queue of Q*B prompts of L tokens (code and prose alternating, bench/spec.py's sources), greedy, --new tokens
 each (stop tokens ignored, so every request is the same length and ar has no straggler). For every method:
   static  ceil(Q*B / B) static batches, each prefilled then decoded to the end (a speculative batch runs at
           its slowest row's pace: `straggler` = mean row tau / slowest row tau, averaged over the batches);
-  served  speculative methods also through `serve` with B slots: a finished slot gets the next prompt.
+  served  speculative methods also through `serve` with B slots: finished slots get the next prompts, `refill`
+          at a time (prefilled together; one record per --refill value).
 Times: decode (the loops) and prefill (prompts in; for `serve` also the per-slot inserts) separately, both
 after a warm-up that compiles every program; tokens/s on decode time and on the total. Speedups are against
 ar's static batches (plain decoding has no straggler to remove). Outputs are checked token-for-token
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--widths", default="2,2,2,2,2", help="longspec tree widths")
     ap.add_argument("--impl", default="pallas", choices=["pallas", "xla", "auto"])
+    ap.add_argument("--refill", default="1", help="comma-separated: slots refilled together, one served run each")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -122,17 +124,19 @@ def main():
         print(json.dumps(rec), flush=True)
         if spec is None:
             continue
-        kw = dict(batch=B, capacity=cap, max_new_tokens=a.new, impl=impl, drafter=drafter)
-        serve(params, cfg, spec, GREEDY, list(prompts[:B + 1]), **kw)          # compile (B + 1: one refill)
-        outs, st = serve(params, cfg, spec, GREEDY, list(prompts), **kw)
-        outputs[(name, "served")] = np.stack(outs)
-        rec = base_record(method=name, mode="served", L=L, B=B, queue=N, new_tokens=a.new, impl=a.impl,
-                          decode_s=round(st.decode_s, 3), prefill_s=round(st.prefill_s, 3), segments=st.segments,
-                          decode_tokens_per_s=round(st.new_tokens / st.decode_s, 1),
-                          total_tokens_per_s=round(st.tokens_per_s, 1), tau=round(st.tau, 3),
-                          spec=dataclasses.asdict(spec))
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
+        for refill in (int(r) for r in a.refill.split(",")):
+            kw = dict(batch=B, capacity=cap, max_new_tokens=a.new, impl=impl, drafter=drafter, refill=refill)
+            serve(params, cfg, spec, GREEDY, list(prompts[:B + refill]), **kw)   # compile (one refill)
+            outs, st = serve(params, cfg, spec, GREEDY, list(prompts), **kw)
+            outputs[(name, f"served{refill}")] = np.stack(outs)
+            rec = base_record(method=name, mode=f"served{refill}", refill=refill, L=L, B=B, queue=N,
+                              new_tokens=a.new, impl=a.impl, decode_s=round(st.decode_s, 3),
+                              prefill_s=round(st.prefill_s, 3), segments=st.segments,
+                              decode_tokens_per_s=round(st.new_tokens / st.decode_s, 1),
+                              total_tokens_per_s=round(st.tokens_per_s, 1), tau=round(st.tau, 3),
+                              spec=dataclasses.asdict(spec))
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
 
     ar = next((r for r in records if r["method"] == "ar"), None)
     for r in records:
@@ -148,7 +152,7 @@ def main():
                    wall_s=round(time.perf_counter() - t_start, 1))
     write_json(a.out, records, summary)
     for r in records:
-        print(f'{r["method"]:>9} {r["mode"]:>6}: decode {r["decode_tokens_per_s"]:>9.1f} tok/s '
+        print(f'{r["method"]:>9} {r["mode"]:>8}: decode {r["decode_tokens_per_s"]:>9.1f} tok/s '
               f'(x{r.get("decode_speedup_vs_ar", 1):.2f}), total {r["total_tokens_per_s"]:>9.1f} '
               f'(x{r.get("total_speedup_vs_ar", 1):.2f}), tau {r["tau"]:.2f}, agree {r.get("agree_with_ar")}')
 

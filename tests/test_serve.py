@@ -64,6 +64,22 @@ def test_each_request_equals_plain_decoding_alone(method):
     assert st.tau >= 1.0 and st.decode_s > 0 and st.prefill_s > 0
 
 
+@pytest.mark.parametrize("batch,refill", [(3, 2), (4, 3)])
+def test_batched_refills_equal_plain_decoding_alone(batch, refill):
+    """Slots refilled `refill` at a time (the last refill padded with a repeated request when the queue holds
+    fewer): every request still equals plain decoding alone, in fewer segments than prompts."""
+    cfg, params, prompts = _setup(local=False)
+    prompts = prompts + [p[::-1] for p in prompts[:3]]
+    want = [_alone(cfg, params, p, ()) for p in prompts]
+    spec = SpecConfig("vegas", gamma=3, budget=12, min_tokens=12)
+    outs, st = sv.serve(params, cfg, spec, GREEDY, prompts, batch=batch, capacity=CAP, max_new_tokens=NEW,
+                        refill=refill)
+    assert [o.tolist() for o in outs] == want
+    assert 2 <= st.segments < len(prompts) and st.new_tokens == NEW * len(prompts)
+    with pytest.raises(ValueError, match="refill"):
+        sv.serve(params, cfg, spec, GREEDY, prompts, batch=batch, capacity=CAP, max_new_tokens=NEW, refill=0)
+
+
 def test_more_slots_than_requests_and_bad_requests():
     cfg, params, prompts = _setup(local=False)
     spec = SpecConfig("streaming", gamma=2, budget=8)
@@ -77,12 +93,15 @@ def test_more_slots_than_requests_and_bad_requests():
         sv.serve(params, cfg, spec, GREEDY, [[5, 6], []], batch=2, capacity=CAP, max_new_tokens=NEW)
 
 
-def test_put_row_finds_the_batch_axis():
-    big, small = jnp.zeros((3, 4, 5)), jnp.ones((3, 1, 5))
-    got = np.asarray(sv._put_row(big, small, jnp.int32(2)))
-    assert got[:, 2].min() == 1 and got.sum() == 15
+def test_batch_axes_and_put_rows():
+    big, small = {"a": jnp.zeros((3, 4, 5)), "k": jnp.zeros(())}, {"a": jnp.ones((3, 1, 5)), "k": jnp.ones(())}
+    axes = sv.batch_axes(big, small)
+    assert axes == (1, None)
+    got = np.asarray(sv._put_rows(big["a"], jnp.stack([jnp.ones((3, 5)), 2 * jnp.ones((3, 5))], 1),
+                                  jnp.array([2, 0]), 1))
+    assert (got[:, 2] == 1).all() and (got[:, 0] == 2).all() and (got[:, [1, 3]] == 0).all()
     with pytest.raises(ValueError, match="batch axis"):
-        sv._put_row(jnp.zeros((4, 4)), jnp.ones((1, 2)), 0)
+        sv.batch_axes({"a": jnp.zeros((4, 4))}, {"a": jnp.ones((1, 2))})
 
 
 @pytest.mark.parametrize("method", ["vegas", "quest"])
@@ -102,8 +121,10 @@ def test_insert_puts_a_fresh_row_and_leaves_the_others(method):
     before = host(st)
     t1, l1 = gen.pad_prompts(prompts[3:4])
     one = engine.init(params, cfg, spec, jnp.asarray(t1), jnp.asarray(l1), CAP)
-    fresh = host(engine.start(spec, GREEDY, one, jax.random.key(9), NEW))
-    after = host(sv.insert(st, one, jnp.int32(1), spec, GREEDY, jax.random.key(9), NEW))
+    fresh = engine.start(spec, GREEDY, one, jax.random.key(9), NEW)
+    axes = sv.batch_axes(st, fresh)
+    fresh = host(fresh)
+    after = host(sv.insert(st, one, jnp.array([1], jnp.int32), axes, spec, GREEDY, jax.random.key(9), NEW))
     checked = 0
     for (path, a), b, f in zip(jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before),
                                jax.tree.leaves(fresh)):
@@ -130,6 +151,13 @@ def test_generate_with_slots():
     s = served.stats
     assert s.batch == 2 and s.new_tokens == [len(t) for t in ar.tokens] and len(s.rounds) == len(prompts)
     assert sum(s.accept_hist) == sum(s.rounds) and s.tau >= 1 and len(s.tau_per_sequence) == len(prompts)
+    paired = jspec.generate(m, prompts, method="vegas", gamma=2, budget=12, min_tokens=12, max_new_tokens=8,
+                            slots=3, refill=2)
+    assert paired.tokens == ar.tokens and paired.stats.batch == 3
+    with pytest.raises(jspec.InputError, match="refill applies"):
+        jspec.generate(m, prompts, method="vegas", max_new_tokens=8, refill=2)
+    with pytest.raises(jspec.InputError, match="refill=0"):
+        jspec.generate(m, prompts, method="vegas", max_new_tokens=8, slots=2, refill=0)
     one = jspec.generate(m, prompts, method="vegas", max_new_tokens=1, slots=2)    # every slot done at once
     assert one.tokens == [t[:1] for t in ar.tokens]
     hot = jspec.generate(m, prompts, method="vegas", gamma=2, max_new_tokens=8, slots=2, temperature=0.9, seed=3)

@@ -3,15 +3,15 @@
 A static batch runs until its slowest row is done: with speculative decoding the rows accept at different
 rates (vegas' slowest row at L=8000, B=64 needs 1.15x the mean row's rounds; LongSpec's at B=16 1.72x,
 README "GPU results"), so the fast rows idle for the rest of the call. Here the engine's rounds run in
-segments (`run_until`: a jitted while_loop that returns as soon as a row finishes) and, between segments, the
-host hands each finished slot the next request: its prompt is prefilled alone (B=1, `engine.init`) and its
-cache rows, method state and loop state are written into the slot (`insert`). The other rows keep their cache
-and state untouched, so every request's greedy output is the one plain decoding gives it alone.
+segments (`run_until`: a jitted while_loop that returns once `refill` rows are done) and, between segments,
+the host hands the finished slots the next requests: their prompts are prefilled together (`engine.init`)
+and their cache rows, method state and loop state are written into the slots (`insert`). The other rows keep
+their cache and state untouched, so every request's greedy output is the one plain decoding gives it alone.
 
     outs, stats = serve(params, cfg, spec, samp, prompts, batch=16, capacity=8448, max_new_tokens=256)
 
-Batch axes are found, not declared: a leaf's batch axis is the one whose size differs between the B-slot
-loop state and a 1-slot one (every per-row array of the engine and of each method's state has exactly one).
+Batch axes are found, not declared (`batch_axes`): a leaf's batch axis is the one whose size differs between
+the B-slot loop state and a 1-slot one (every per-row array of the engine and of each method's state has exactly one).
 """
 from __future__ import annotations
 
@@ -34,33 +34,47 @@ _STATIC = ("cfg", "spec", "samp", "max_new_tokens", "stop_tokens", "impl")
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("st",))
 def run_until(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, st, retired, max_new_tokens: int,
-              stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None):
-    """Rounds until some row not yet `retired` (bool[B]) is done, or every row is: the loop carry, donated."""
+              stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None, need=1):
+    """Rounds until `need` rows not `retired` (bool[B]) are done, or every row is: the loop carry, donated.
+
+    `need` is traced (one program for any value); rows done and waiting for a refill count towards it."""
     def cond(st):
-        return ~jnp.any(st.done & ~retired) & ~jnp.all(st.done)
+        return (jnp.sum(st.done & ~retired) < need) & ~jnp.all(st.done)
 
     return jax.lax.while_loop(
         cond, lambda st: engine.round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter), st)
 
 
-def _put_row(big, small, row):
-    """`big` with its batch-axis slice `row` replaced by `small` (the same array with a batch of one)."""
-    diff = [a for a, (m, n) in enumerate(zip(big.shape, small.shape)) if m != n]
-    if not diff:                      # a batch of one: the new row is the whole leaf
+def batch_axes(big, small) -> tuple:
+    """Per leaf of two trees of one structure, B > 1 rows and 1 row: the axis whose size differs (None: the
+    leaf has no batch axis)."""
+    axes = []
+    for (path, b), s in zip(jax.tree_util.tree_leaves_with_path(big), jax.tree.leaves(small)):
+        diff = [a for a, (m, n) in enumerate(zip(b.shape, s.shape)) if m != n]
+        if len(diff) > 1 or (diff and s.shape[diff[0]] != 1) or len(b.shape) != len(s.shape):
+            raise ValueError(f"cannot find the batch axis of {jax.tree_util.keystr(path)}: {b.shape} vs {s.shape}")
+        axes.append(diff[0] if diff else None)
+    return tuple(axes)
+
+
+def _put_rows(big, small, rows, axis):
+    """`big` with the slices `rows` (int32[K]) of its batch axis replaced by `small` (K rows on that axis);
+    a leaf without a batch axis (axis None) becomes `small`. Repeated rows must carry equal values."""
+    if axis is None:
         return small
-    if len(diff) != 1 or small.shape[diff[0]] != 1:
-        raise ValueError(f"cannot find the batch axis of {big.shape} vs {small.shape}")
-    return jax.lax.dynamic_update_index_in_dim(big, small.astype(big.dtype), row, diff[0])
+    return big.at[(slice(None),) * axis + (rows,)].set(small.astype(big.dtype))
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "samp", "max_new_tokens", "stop_tokens"),
+@functools.partial(jax.jit, static_argnames=("axes", "spec", "samp", "max_new_tokens", "stop_tokens"),
                    donate_argnames=("st",))
-def insert(st, one: engine.State, row, spec: SpecConfig, samp: SamplingConfig, key, max_new_tokens: int,
-           stop_tokens: tuple = ()):
-    """Slot `row` of the loop carry `st` restarted on a freshly prefilled 1-row State (`engine.init`)."""
-    fresh = engine.start(spec, samp, one, key, max_new_tokens, stop_tokens)
-    fresh = dataclasses.replace(fresh, key=st.key)     # the batch keeps its own PRNG stream
-    return jax.tree.map(lambda b, s: _put_row(b, s, row), st, fresh)
+def insert(st, fresh: engine.State, rows, axes: tuple, spec: SpecConfig, samp: SamplingConfig, key,
+           max_new_tokens: int, stop_tokens: tuple = ()):
+    """Slots `rows` (int32[K]) of the loop carry `st` restarted on a freshly prefilled K-row State
+    (`engine.init`); `axes` = batch_axes(st, a 1-row carry). A row may repeat if its State rows are equal."""
+    new = engine.start(spec, samp, fresh, key, max_new_tokens, stop_tokens)
+    new = dataclasses.replace(new, key=st.key)     # the batch keeps its own PRNG stream
+    leaves = [_put_rows(b, s, rows, a) for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(new), axes)]
+    return jax.tree.unflatten(jax.tree.structure(st), leaves)
 
 
 @dataclasses.dataclass
@@ -92,11 +106,14 @@ def _bucket(n: int, step: int = 256) -> int:
 
 def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prompts: Sequence, *, batch: int,
           capacity: int, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None,
-          seed: int = 0, progress: bool = False):
+          seed: int = 0, refill: int = 1, progress: bool = False):
     """Generate for every prompt (lists / arrays of token ids, any count) through `batch` slots.
 
-    Returns (outputs: one int32 array of emitted tokens per prompt, in order; ServeStats). Each prompt is
-    prefilled alone, padded to a multiple of 256 tokens (one compiled prefill per bucket).
+    Returns (outputs: one int32 array of emitted tokens per prompt, in order; ServeStats). Prompts are
+    prefilled `refill` at a time (one compiled prefill per 256-token bucket of the longest): the rounds run
+    until `refill` slots are free (fewer when the queue holds fewer), which are then filled together.
+    refill=1 fills a slot as soon as it finishes; larger values trade idle slots for batched prefills and
+    fewer host round trips.
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
     """
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
@@ -104,6 +121,9 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
         raise ValueError("serve needs at least one prompt")
     if batch < 1:
         raise ValueError(f"{batch=} must be >= 1")
+    if refill < 1:
+        raise ValueError(f"{refill=} must be >= 1")
+    refill = min(refill, batch)
     need = max(len(p) for p in prompts) + max_new_tokens + spec.capacity_margin()
     if min(len(p) for p in prompts) < 1:
         raise ValueError("every prompt needs at least one token")
@@ -112,7 +132,7 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     stop_tokens = tuple(stop_tokens)
     key = jax.random.key(seed)
 
-    def prefill(ids):   # -> a 1..B-row engine.State
+    def prefill(ids):   # -> a len(ids)-row engine.State
         P = min(_bucket(max(len(p) for p in ids)), capacity)
         toks = np.zeros((len(ids), P), np.int32)
         for i, p in enumerate(ids):
@@ -129,6 +149,10 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     first = list(range(min(batch, len(prompts))))
     ids = [prompts[i] for i in first] + [prompts[0]] * (batch - len(first))   # idle slots: a copy, retired
     st = engine.start(spec, samp, prefill(ids), key, max_new_tokens, stop_tokens)
+    one = jax.eval_shape(lambda s: engine.start(spec, samp, s, key, max_new_tokens, stop_tokens),
+                         jax.eval_shape(lambda: prefill(ids[:1])))
+    axes = batch_axes(st, one) if batch > 1 else (None,) * len(jax.tree.leaves(st))
+    WAITING = -2                                             # a finished slot, output taken, not refilled yet
     slot_req = first + [-1] * (batch - len(first))
     retired = np.array([r < 0 for r in slot_req])
     st = st.replace(done=st.done | jnp.asarray(retired))    # idle slots ride along without decoding
@@ -140,27 +164,37 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     hists: list = [None] * len(prompts)
     while not retired.all():
         t = time.perf_counter()
-        st = run_until(params, cfg, spec, samp, st, jnp.asarray(retired), max_new_tokens, stop_tokens, impl, drafter)
+        need = min(refill, len(queue)) if queue else batch + 1     # an empty queue: run every slot to its end
+        st = run_until(params, cfg, spec, samp, st, jnp.asarray(retired), max_new_tokens, stop_tokens, impl, drafter,
+                       jnp.int32(need))
         done = np.asarray(st.done)
         decode_s += time.perf_counter() - t
         segments += 1
         t = time.perf_counter()
-        finished = np.flatnonzero(done & ~retired)
-        if finished.size:
+        finished = [r for r in np.flatnonzero(done & ~retired) if slot_req[r] >= 0]
+        if finished:
             out, n_out = np.asarray(st.out), np.asarray(st.n_out)
             rnd, hist = np.asarray(st.rounds), np.asarray(st.hist)
         for row in finished:
             r = slot_req[row]
             outs[r], rounds[r], hists[r] = out[row, :n_out[row]].copy(), int(rnd[row]), hist[row].copy()
+            slot_req[row] = WAITING
             if bar is not None:
                 bar.update(1)
-            if queue:
-                nxt = queue.pop(0)
-                key, sub = jax.random.split(key)
-                st = insert(st, prefill([prompts[nxt]]), jnp.int32(row), spec, samp, sub, max_new_tokens,
-                            stop_tokens)
-                slot_req[row] = nxt
-            else:
+        free = [r for r in range(batch) if slot_req[r] == WAITING]
+        while queue and free and (len(free) >= min(refill, len(queue)) or done.all()):
+            k = min(refill, len(queue), len(free))
+            nxt, rows = queue[:k], free[:k]
+            del queue[:k], free[:k]
+            pad = refill - k                                   # one compiled shape: repeat the last request
+            key, sub = jax.random.split(key)
+            fresh = prefill([prompts[i] for i in nxt + nxt[-1:] * pad])
+            st = insert(st, fresh, jnp.asarray(rows + rows[-1:] * pad, jnp.int32), axes, spec, samp, sub,
+                        max_new_tokens, stop_tokens)
+            for row, i in zip(rows, nxt):
+                slot_req[row] = i
+        if not queue:
+            for row in free:
                 retired[row] = True
         jax.block_until_ready(st)
         prefill_s += time.perf_counter() - t
