@@ -114,7 +114,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
              capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
              config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
-             drafter=None, slots: Optional[int] = None, refill: int = 1, **spec_knobs) -> Output:
+             drafter=None, slots: Optional[int] = None, refill: Optional[int] = None, **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
@@ -128,7 +128,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     slots: speculative methods: run the prompts through this many batch slots with continuous batching
     (`jspec.speculative.serve`: a finished slot takes the next prompt) instead of as one static batch;
-    refill: slots filled (prefilled) together, the rounds running until that many are free (default 1).
+    refill: slots filled (prefilled) together, the rounds running until that many are free (default slots // 4).
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
     method = spec.method if spec is not None else "ar"
@@ -159,9 +159,9 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
             raise _gen.InputError(f"slots={slots} must be >= 1")
         if model.mesh is not None:
             raise _gen.InputError("slots (continuous batching) does not support tensor-parallel models yet")
-        if refill < 1:
+        if refill is not None and refill < 1:
             raise _gen.InputError(f"refill={refill} must be >= 1")
-    elif refill != 1:
+    elif refill is not None:
         raise _gen.InputError("refill applies to continuous batching (slots=N) only")
     if spec is not None:
         kw = {}

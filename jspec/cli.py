@@ -28,7 +28,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                  top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0, ignore_eos: bool = False,
                  as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
                  sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None,
-                 mode=None, widths=None, drafter=None, topk=None, exact=False, slots=None, refill=1):
+                 mode=None, widths=None, drafter=None, topk=None, exact=False, slots=None, refill=None):
     import jspec
     from jspec import data
 
@@ -177,8 +177,9 @@ def main(argv=None):
     g.add_argument("--json", action="store_true", dest="as_json")
     g.add_argument("--slots", type=int, default=None,
                    help="speculative methods: continuous batching, the --batch prompts through this many slots")
-    g.add_argument("--refill", type=int, default=1,
-                   help="with --slots: free slots prefilled together (the rounds run until this many are free)")
+    g.add_argument("--refill", type=int, default=None,
+                   help="with --slots: free slots prefilled together (the rounds run until this many are free; "
+                        "default slots // 4)")
     g.add_argument("--exact", action="store_true",
                    help="GPU, bf16: run each step's GEMMs on row-independent Pallas kernels so a speculative method's "
                         "greedy tokens equal `--exact` ar's bit for bit (measured for vegas; ~8%% slower)")

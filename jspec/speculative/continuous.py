@@ -106,14 +106,15 @@ def _bucket(n: int, step: int = 256) -> int:
 
 def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prompts: Sequence, *, batch: int,
           capacity: int, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None,
-          seed: int = 0, refill: int = 1, progress: bool = False):
+          seed: int = 0, refill: int | None = None, progress: bool = False):
     """Generate for every prompt (lists / arrays of token ids, any count) through `batch` slots.
 
     Returns (outputs: one int32 array of emitted tokens per prompt, in order; ServeStats). Prompts are
     prefilled `refill` at a time (one compiled prefill per 256-token bucket of the longest): the rounds run
     until `refill` slots are free (fewer when the queue holds fewer), which are then filled together.
     refill=1 fills a slot as soon as it finishes; larger values trade idle slots for batched prefills and
-    fewer host round trips.
+    fewer host round trips. Default batch // 4 (at least 1): the best measured at L=8000 on the H200
+    (bench/results/serve_*_h200.json).
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
     """
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
@@ -121,6 +122,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
         raise ValueError("serve needs at least one prompt")
     if batch < 1:
         raise ValueError(f"{batch=} must be >= 1")
+    if refill is None:
+        refill = max(1, batch // 4)
     if refill < 1:
         raise ValueError(f"{refill=} must be >= 1")
     refill = min(refill, batch)
