@@ -1,7 +1,7 @@
 """Static batches vs continuous batching (jspec.speculative.serve) over one queue of long prompts.
 
     PYTHONPATH=. python bench/serve.py --out $OUT/serve_h200.json [--shape 8000x16 --queue 4 --new 256]
-        [--methods ar,vegas,longspec] [--impl pallas] [--refill 1,4]
+        [--methods ar,vegas,longspec] [--impl pallas] [--refill 1,4] [--dense-rows 320]
 
 A queue of Q*B prompts of L tokens (code and prose alternating, bench/spec.py's sources), greedy, --new tokens
 each (stop tokens ignored, so every request is the same length and ar has no straggler). For every method:
@@ -54,12 +54,16 @@ def main():
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--widths", default="2,2,2,2,2", help="longspec tree widths")
     ap.add_argument("--impl", default="pallas", choices=["pallas", "xla", "auto"])
+    ap.add_argument("--dense-rows", type=int, default=0,
+                    help="AttnImpl.dense_rows: steps of up to this many rows on the row-independent dense kernels "
+                         "(`jspec generate --exact`); 0 = cuBLAS")
     ap.add_argument("--refill", default="1", help="comma-separated: slots refilled together, one served run each")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     a = ap.parse_args()
     t_start = time.perf_counter()
     L, B = _shape(a.shape)
     impl = {"xla": AttnImpl(backend="xla"), "pallas": AttnImpl(backend="pallas"), "auto": AttnImpl()}[a.impl]
+    impl = dataclasses.replace(impl, dense_rows=a.dense_rows)
     m = jspec.load(a.model, dtype="float32" if jax.default_backend() == "cpu" else None)
     cfg, params = m.cfg, m.params
     code, prose = prompt_sources(a.corpus)
@@ -114,6 +118,7 @@ def main():
         outputs[(name, "static")] = np.concatenate(outs)
         new_tokens = N * a.new
         rec = base_record(method=name, mode="static", L=L, B=B, queue=N, new_tokens=a.new, impl=a.impl,
+                          dense_rows=a.dense_rows,
                           decode_s=round(dec, 3), prefill_s=round(pre, 3),
                           decode_tokens_per_s=round(new_tokens / dec, 1),
                           total_tokens_per_s=round(new_tokens / (dec + pre), 1),
@@ -130,8 +135,8 @@ def main():
             outs, st = serve(params, cfg, spec, GREEDY, list(prompts), **kw)
             outputs[(name, f"served{refill}")] = np.stack(outs)
             rec = base_record(method=name, mode=f"served{refill}", refill=refill, L=L, B=B, queue=N,
-                              new_tokens=a.new, impl=a.impl, decode_s=round(st.decode_s, 3),
-                              prefill_s=round(st.prefill_s, 3), segments=st.segments,
+                              new_tokens=a.new, impl=a.impl, dense_rows=a.dense_rows,
+                              decode_s=round(st.decode_s, 3), prefill_s=round(st.prefill_s, 3), segments=st.segments,
                               decode_tokens_per_s=round(st.new_tokens / st.decode_s, 1),
                               total_tokens_per_s=round(st.tokens_per_s, 1), tau=round(st.tau, 3),
                               spec=dataclasses.asdict(spec))
