@@ -128,7 +128,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     slots: speculative methods: run the prompts through this many batch slots with continuous batching
     (`jspec.speculative.serve`: a finished slot takes the next prompt) instead of as one static batch;
-    refill: slots filled (prefilled) together, the rounds running until that many are free (default slots // 4).
+    refill: slots filled (prefilled) together, the rounds running until that many are free (default min(4, slots // 4)).
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
     method = spec.method if spec is not None else "ar"

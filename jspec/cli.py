@@ -179,7 +179,7 @@ def main(argv=None):
                    help="speculative methods: continuous batching, the --batch prompts through this many slots")
     g.add_argument("--refill", type=int, default=None,
                    help="with --slots: free slots prefilled together (the rounds run until this many are free; "
-                        "default slots // 4)")
+                        "default min(4, slots // 4), at least 1)")
     g.add_argument("--exact", action="store_true",
                    help="GPU, bf16: run each step's GEMMs on row-independent Pallas kernels so a speculative method's "
                         "greedy tokens equal `--exact` ar's bit for bit (measured for vegas; ~8%% slower)")

@@ -113,8 +113,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     prefilled `refill` at a time (one compiled prefill per 256-token bucket of the longest): the rounds run
     until `refill` slots are free (fewer when the queue holds fewer), which are then filled together.
     refill=1 fills a slot as soon as it finishes; larger values trade idle slots for batched prefills and
-    fewer host round trips. Default batch // 4 (at least 1): the best measured at L=8000 on the H200
-    (bench/results/serve_*_h200.json).
+    fewer host round trips. Default min(4, batch // 4) (at least 1): the best measured at L=8000 on the H200
+    (refill 4 of {1, 2, 4, 8} at B=16; 4 and 8 ahead of 1 and 16 at B=64; bench/results/serve_*_h200.json).
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
     """
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
@@ -123,7 +123,7 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     if batch < 1:
         raise ValueError(f"{batch=} must be >= 1")
     if refill is None:
-        refill = max(1, batch // 4)
+        refill = max(1, min(4, batch // 4))
     if refill < 1:
         raise ValueError(f"{refill=} must be >= 1")
     refill = min(refill, batch)
