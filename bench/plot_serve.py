@@ -24,9 +24,10 @@ def main():
     for f in a.files:
         for r in json.load(open(f))["records"]:
             if r["method"] != "ar":
-                rows.append((f'{r["L"]}x{r["B"]}\n{r["method"]}\n{r["mode"]}', r["decode_speedup_vs_ar"],
-                             r["total_speedup_vs_ar"]))
-    fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(rows)), 4.5))
+                exact = " exact" if r.get("dense_rows") else ""
+                rows.append((f'{r["L"]}x{r["B"]} q{r["queue"]}\n{r["method"]}{exact}\n{r["mode"]}',
+                             r["decode_speedup_vs_ar"], r["total_speedup_vs_ar"]))
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 4.5))
     for off, col, name, color in ((-0.2, 1, "decode", "tab:blue"), (0.2, 2, "decode + prefill", "tab:orange")):
         ax.bar([i + off for i in range(len(rows))], [r[col] for r in rows], 0.4, color=color, label=name)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
