@@ -6,7 +6,8 @@
 A queue of Q*B prompts of L tokens (code and prose alternating, bench/spec.py's sources), greedy, --new tokens
 each (stop tokens ignored, so every request is the same length and ar has no straggler). For every method:
   static  ceil(Q*B / B) static batches, each prefilled then decoded to the end (a speculative batch runs at
-          its slowest row's pace: `straggler` = mean row tau / slowest row tau, averaged over the batches);
+          its slowest row's pace: `straggler` = mean row tau / slowest row tau, averaged over the batches;
+          `occupancy` = the rows' rounds / (B x the rounds the batches ran), as ServeStats.occupancy served);
   served  speculative methods also through `serve` with B slots: finished slots get the next prompts, `refill`
           at a time (prefilled together; one record per --refill value).
 Times: decode (the loops) and prefill (prompts in; for `serve` also the per-slot inserts) separately, both
@@ -87,7 +88,7 @@ def main():
             spec, drafter = dataclasses.replace(spec, window=d.window), d.params
 
         def static_batch(tokens):
-            """(prefill s, decode s, tokens [B, new], per-row tau or None)"""
+            """(prefill s, decode s, tokens [B, new], per-row tau or None, per-row rounds or None)"""
             t = time.perf_counter()
             if spec is None:
                 logits, cache = gen.prefill(params, cfg, tokens, lens, api.new_cache(m, batch=B, capacity=cap),
@@ -96,25 +97,26 @@ def main():
                 t1 = time.perf_counter()
                 out, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, key, max_new_tokens=a.new, impl=impl)
                 out = np.asarray(out)
-                return t1 - t, time.perf_counter() - t1, out, None
+                return t1 - t, time.perf_counter() - t1, out, None, None
             state = engine.init(params, cfg, spec, tokens, lens, cap, impl=impl, drafter=drafter)
             jax.block_until_ready(state)
             t1 = time.perf_counter()
             out, _, st, _ = engine.run_donating(params, cfg, spec, GREEDY, state, key, a.new, impl=impl,
                                                 drafter=drafter)
             out = np.asarray(out)
-            return t1 - t, time.perf_counter() - t1, out, st.tau_per_sequence()
+            return t1 - t, time.perf_counter() - t1, out, st.tau_per_sequence(), np.asarray(st.rounds)
 
         static_batch(next(batches()))                      # compile
         pre = dec = 0.0
-        outs, taus, straggler = [], [], []
+        outs, taus, straggler, used, iters = [], [], [], 0, 0
         for tokens in batches():
-            p, d, out, tau = static_batch(tokens)
+            p, d, out, tau, rnd = static_batch(tokens)
             pre, dec = pre + p, dec + d
             outs.append(out)
             if tau is not None:
                 taus.extend(tau.tolist())
                 straggler.append(float(np.mean(tau) / np.min(tau)))
+                used, iters = used + int(rnd.sum()), iters + int(rnd.max())   # the batch runs max(rounds)
         outputs[(name, "static")] = np.concatenate(outs)
         new_tokens = N * a.new
         rec = base_record(method=name, mode="static", L=L, B=B, queue=N, new_tokens=a.new, impl=a.impl,
@@ -124,6 +126,7 @@ def main():
                           total_tokens_per_s=round(new_tokens / (dec + pre), 1),
                           tau=round(float(np.mean(taus)), 3) if taus else 1.0,
                           straggler=round(float(np.mean(straggler)), 3) if straggler else 1.0,
+                          occupancy=round(used / (B * iters), 3) if iters else 1.0,
                           spec=dataclasses.asdict(spec) if spec else None)
         records.append(rec)
         print(json.dumps(rec), flush=True)
@@ -137,6 +140,7 @@ def main():
             rec = base_record(method=name, mode=f"served{refill}", refill=refill, L=L, B=B, queue=N,
                               new_tokens=a.new, impl=a.impl, dense_rows=a.dense_rows,
                               decode_s=round(st.decode_s, 3), prefill_s=round(st.prefill_s, 3), segments=st.segments,
+                              iterations=st.iterations, occupancy=round(st.occupancy, 3),
                               decode_tokens_per_s=round(st.new_tokens / st.decode_s, 1),
                               total_tokens_per_s=round(st.tokens_per_s, 1), tau=round(st.tau, 3),
                               spec=dataclasses.asdict(spec))

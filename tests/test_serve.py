@@ -62,6 +62,10 @@ def test_each_request_equals_plain_decoding_alone(method):
     assert st.segments >= 4 and st.new_tokens == sum(len(w) for w in want)
     assert all(r >= 1 for r in st.rounds) and [int(np.sum(h)) for h in st.accept_hist] == st.rounds
     assert st.tau >= 1.0 and st.decode_s > 0 and st.prefill_s > 0
+    assert max(st.rounds) <= st.iterations and 0 < st.occupancy <= 1
+    one, st1 = sv.serve(params, cfg, spec, GREEDY, prompts[:3], batch=1, capacity=CAP, max_new_tokens=NEW,
+                        stop_tokens=(stop,), drafter=drafter)   # one slot: never idle, rounds add up
+    assert [o.tolist() for o in one] == want[:3] and st1.iterations == sum(st1.rounds) and st1.occupancy == 1.0
 
 
 @pytest.mark.parametrize("batch,refill", [(3, 2), (4, 3)])
@@ -85,6 +89,7 @@ def test_more_slots_than_requests_and_bad_requests():
     spec = SpecConfig("streaming", gamma=2, budget=8)
     outs, st = sv.serve(params, cfg, spec, GREEDY, prompts[:2], batch=4, capacity=CAP, max_new_tokens=6)
     assert [o.tolist() for o in outs] == [_alone(cfg, params, p, ())[:6] for p in prompts[:2]]
+    assert st.iterations == max(st.rounds) and st.occupancy <= 0.5     # two of four slots idle throughout
     with pytest.raises(ValueError, match="capacity"):
         sv.serve(params, cfg, spec, GREEDY, prompts, batch=2, capacity=48, max_new_tokens=NEW)
     with pytest.raises(ValueError, match="at least one prompt"):

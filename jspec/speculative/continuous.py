@@ -86,6 +86,8 @@ class ServeStats:
     decode_s: float         # time in the rounds (run_until)
     prefill_s: float        # time prefilling and inserting requests (initial batch included)
     segments: int           # run_until calls
+    iterations: int         # loop iterations (rounds of the whole batch) over all segments
+    batch: int              # slots
     new_tokens: int         # tokens emitted over the queue
 
     @property
@@ -94,6 +96,11 @@ class ServeStats:
 
     def tau_per_sequence(self) -> np.ndarray:
         return engine._mean_emitted(np.asarray(self.accept_hist))
+
+    @property
+    def occupancy(self) -> float:
+        """Share of the batch's row-rounds that advanced a request (1.0: no slot ever idle or waiting)."""
+        return float(sum(self.rounds)) / max(self.batch * self.iterations, 1)
 
     @property
     def tokens_per_s(self) -> float:
@@ -160,7 +167,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     retired = np.array([r < 0 for r in slot_req])
     st = st.replace(done=st.done | jnp.asarray(retired))    # idle slots ride along without decoding
     jax.block_until_ready(st)
-    prefill_s, decode_s, segments = time.perf_counter() - t0, 0.0, 0
+    prefill_s, decode_s, segments, iterations = time.perf_counter() - t0, 0.0, 0, 0
+    rnd_before = np.zeros(batch, np.int64)                   # rounds of each slot when its segment started
     queue = list(range(len(first), len(prompts)))
     outs: list = [None] * len(prompts)
     rounds: list = [None] * len(prompts)
@@ -174,10 +182,12 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
         decode_s += time.perf_counter() - t
         segments += 1
         t = time.perf_counter()
+        rnd = np.asarray(st.rounds)
+        iterations += int((rnd - rnd_before).max())        # a slot still running at the end ran throughout
+        rnd_before = rnd.astype(np.int64)
         finished = [r for r in np.flatnonzero(done & ~retired) if slot_req[r] >= 0]
         if finished:
-            out, n_out = np.asarray(st.out), np.asarray(st.n_out)
-            rnd, hist = np.asarray(st.rounds), np.asarray(st.hist)
+            out, n_out, hist = np.asarray(st.out), np.asarray(st.n_out), np.asarray(st.hist)
         for row in finished:
             r = slot_req[row]
             outs[r], rounds[r], hists[r] = out[row, :n_out[row]].copy(), int(rnd[row]), hist[row].copy()
@@ -196,6 +206,7 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
                         max_new_tokens, stop_tokens)
             for row, i in zip(rows, nxt):
                 slot_req[row] = i
+                rnd_before[row] = 0                             # a fresh row starts at round 0
         if not queue:
             for row in free:
                 retired[row] = True
@@ -204,5 +215,5 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     if bar is not None:
         bar.close()
     stats = ServeStats(rounds=rounds, accept_hist=hists, decode_s=decode_s, prefill_s=prefill_s, segments=segments,
-                       new_tokens=int(sum(len(o) for o in outs)))
+                       iterations=iterations, batch=batch, new_tokens=int(sum(len(o) for o in outs)))
     return outs, stats
