@@ -62,7 +62,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     impl = AttnImpl(dense_rows=64 * batch) if exact else AttnImpl()
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=spec,
-                         drafter=drafter, impl=impl, slots=slots, refill=refill)
+                         drafter=drafter, impl=impl, slots=slots, refill=refill,
+                         progress=slots is not None)
     s = out.stats
     if as_json:
         print(json.dumps({"texts": out.texts, "tokens": out.tokens, "stats": vars(s)}))

@@ -142,7 +142,7 @@ def test_insert_puts_a_fresh_row_and_leaves_the_others(method):
     assert checked >= 10
 
 
-def test_generate_with_slots():
+def test_generate_with_slots(capsys):
     """jspec.generate(..., slots=N): the same tokens as one static batch, per-request stats, clear errors."""
     import jspec
     from conftest import CharTokenizer
@@ -157,8 +157,9 @@ def test_generate_with_slots():
     assert s.batch == 2 and s.new_tokens == [len(t) for t in ar.tokens] and len(s.rounds) == len(prompts)
     assert sum(s.accept_hist) == sum(s.rounds) and s.tau >= 1 and len(s.tau_per_sequence) == len(prompts)
     paired = jspec.generate(m, prompts, method="vegas", gamma=2, budget=12, min_tokens=12, max_new_tokens=8,
-                            slots=3, refill=2)
+                            slots=3, refill=2, progress=True)
     assert paired.tokens == ar.tokens and paired.stats.batch == 3
+    assert f"{len(prompts)}/{len(prompts)}" in capsys.readouterr().err    # the bar counted every request
     with pytest.raises(jspec.InputError, match="refill applies"):
         jspec.generate(m, prompts, method="vegas", max_new_tokens=8, refill=2)
     with pytest.raises(jspec.InputError, match="refill=0"):
