@@ -76,9 +76,11 @@ def test_batched_refills_equal_plain_decoding_alone(batch, refill):
     prompts = prompts + [p[::-1] for p in prompts[:3]]
     want = [_alone(cfg, params, p, ()) for p in prompts]
     spec = SpecConfig("vegas", gamma=3, budget=12, min_tokens=12)
+    seen = []
     outs, st = sv.serve(params, cfg, spec, GREEDY, prompts, batch=batch, capacity=CAP, max_new_tokens=NEW,
-                        refill=refill)
+                        refill=refill, on_result=lambda i, toks: seen.append((i, toks.tolist())))
     assert [o.tolist() for o in outs] == want
+    assert sorted(seen) == list(enumerate(want))       # every request reported once, with its tokens
     assert 2 <= st.segments < len(prompts) and st.new_tokens == NEW * len(prompts)
     with pytest.raises(ValueError, match="refill"):
         sv.serve(params, cfg, spec, GREEDY, prompts, batch=batch, capacity=CAP, max_new_tokens=NEW, refill=0)

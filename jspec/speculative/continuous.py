@@ -113,7 +113,7 @@ def _bucket(n: int, step: int = 256) -> int:
 
 def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prompts: Sequence, *, batch: int,
           capacity: int, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None,
-          seed: int = 0, refill: int | None = None, progress: bool = False):
+          seed: int = 0, refill: int | None = None, progress: bool = False, on_result=None):
     """Generate for every prompt (lists / arrays of token ids, any count) through `batch` slots.
 
     Returns (outputs: one int32 array of emitted tokens per prompt, in order; ServeStats). Prompts are
@@ -123,6 +123,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     fewer host round trips. Default min(4, batch // 4) (at least 1): the best measured at L=8000 on the H200
     (refill 4 of {1, 2, 4, 8} at B=16; 4 and 8 ahead of 1 and 16 at B=64; bench/results/serve_*_h200.json).
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
+    on_result: called as on_result(i, tokens) the moment request i is done (in finishing order), e.g. to
+    stream answers out of a server loop.
     """
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
     if not prompts:
@@ -192,6 +194,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
             r = slot_req[row]
             outs[r], rounds[r], hists[r] = out[row, :n_out[row]].copy(), int(rnd[row]), hist[row].copy()
             slot_req[row] = WAITING
+            if on_result is not None:
+                on_result(r, outs[r])
             if bar is not None:
                 bar.update(1)
         free = [r for r in range(batch) if slot_req[r] == WAITING]
