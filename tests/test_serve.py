@@ -70,8 +70,8 @@ def test_each_request_equals_plain_decoding_alone(method):
 
 @pytest.mark.parametrize("batch,refill", [(3, 2), (4, 3)])
 def test_batched_refills_equal_plain_decoding_alone(batch, refill):
-    """Slots refilled `refill` at a time (the last refill padded with a repeated request when the queue holds
-    fewer): every request still equals plain decoding alone, in fewer segments than prompts."""
+    """Slots refilled `refill` at a time (the last refill padded when the queue holds fewer): every request
+    still equals plain decoding alone, in fewer segments than prompts; sampled, every request gets its tokens."""
     cfg, params, prompts = _setup(local=False)
     prompts = prompts + [p[::-1] for p in prompts[:3]]
     want = [_alone(cfg, params, p, ()) for p in prompts]
@@ -82,6 +82,9 @@ def test_batched_refills_equal_plain_decoding_alone(batch, refill):
     assert [o.tolist() for o in outs] == want
     assert sorted(seen) == list(enumerate(want))       # every request reported once, with its tokens
     assert 2 <= st.segments < len(prompts) and st.new_tokens == NEW * len(prompts)
+    hot, _ = sv.serve(params, cfg, spec, SamplingConfig(temperature=1.0), prompts, batch=batch, capacity=CAP,
+                      max_new_tokens=NEW, refill=refill, seed=5)
+    assert all(len(o) == NEW and o.min() >= 0 and o.max() < cfg.vocab_size for o in hot)
     with pytest.raises(ValueError, match="refill"):
         sv.serve(params, cfg, spec, GREEDY, prompts, batch=batch, capacity=CAP, max_new_tokens=NEW, refill=0)
 
@@ -104,9 +107,9 @@ def test_batch_axes_and_put_rows():
     big, small = {"a": jnp.zeros((3, 4, 5)), "k": jnp.zeros(())}, {"a": jnp.ones((3, 1, 5)), "k": jnp.ones(())}
     axes = sv.batch_axes(big, small)
     assert axes == (1, None)
-    got = np.asarray(sv._put_rows(big["a"], jnp.stack([jnp.ones((3, 5)), 2 * jnp.ones((3, 5))], 1),
-                                  jnp.array([2, 0]), 1))
-    assert (got[:, 2] == 1).all() and (got[:, 0] == 2).all() and (got[:, [1, 3]] == 0).all()
+    got = np.asarray(sv._put_rows(big["a"], jnp.stack([jnp.ones((3, 5)), 2 * jnp.ones((3, 5)),
+                                                       3 * jnp.ones((3, 5))], 1), jnp.array([2, 0, 4]), 1))
+    assert (got[:, 2] == 1).all() and (got[:, 0] == 2).all() and (got[:, [1, 3]] == 0).all()   # row 4: dropped
     with pytest.raises(ValueError, match="batch axis"):
         sv.batch_axes({"a": jnp.zeros((4, 4))}, {"a": jnp.ones((1, 2))})
 

@@ -59,10 +59,10 @@ def batch_axes(big, small) -> tuple:
 
 def _put_rows(big, small, rows, axis):
     """`big` with the slices `rows` (int32[K]) of its batch axis replaced by `small` (K rows on that axis);
-    a leaf without a batch axis (axis None) becomes `small`. Repeated rows must carry equal values."""
+    a row index past the end drops its update (padding). A leaf without a batch axis (axis None) becomes `small`."""
     if axis is None:
         return small
-    return big.at[(slice(None),) * axis + (rows,)].set(small.astype(big.dtype))
+    return big.at[(slice(None),) * axis + (rows,)].set(small.astype(big.dtype), mode="drop")
 
 
 @functools.partial(jax.jit, static_argnames=("axes", "spec", "samp", "max_new_tokens", "stop_tokens"),
@@ -70,7 +70,9 @@ def _put_rows(big, small, rows, axis):
 def insert(st, fresh: engine.State, rows, axes: tuple, spec: SpecConfig, samp: SamplingConfig, key,
            max_new_tokens: int, stop_tokens: tuple = ()):
     """Slots `rows` (int32[K]) of the loop carry `st` restarted on a freshly prefilled K-row State
-    (`engine.init`); `axes` = batch_axes(st, a 1-row carry). A row may repeat if its State rows are equal."""
+    (`engine.init`); `axes` = batch_axes(st, a 1-row carry). Rows >= B are padding: their State rows are
+    dropped (not written twice: sampled first tokens of two copies of a prompt differ, and a scatter with a
+    repeated index may take each leaf from a different copy)."""
     new = engine.start(spec, samp, fresh, key, max_new_tokens, stop_tokens)
     new = dataclasses.replace(new, key=st.key)     # the batch keeps its own PRNG stream
     leaves = [_put_rows(b, s, rows, a) for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(new), axes)]
@@ -136,11 +138,11 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     if refill < 1:
         raise ValueError(f"{refill=} must be >= 1")
     refill = min(refill, batch)
-    need = max(len(p) for p in prompts) + max_new_tokens + spec.capacity_margin()
+    required = max(len(p) for p in prompts) + max_new_tokens + spec.capacity_margin()
     if min(len(p) for p in prompts) < 1:
         raise ValueError("every prompt needs at least one token")
-    if capacity < need:
-        raise ValueError(f"capacity {capacity} < longest prompt + max_new_tokens + margin = {need}")
+    if capacity < required:
+        raise ValueError(f"capacity {capacity} < longest prompt + max_new_tokens + margin = {required}")
     stop_tokens = tuple(stop_tokens)
     key = jax.random.key(seed)
 
@@ -203,10 +205,10 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
             k = min(refill, len(queue), len(free))
             nxt, rows = queue[:k], free[:k]
             del queue[:k], free[:k]
-            pad = refill - k                                   # one compiled shape: repeat the last request
+            pad = refill - k                     # one compiled shape: the last request again, written nowhere
             key, sub = jax.random.split(key)
             fresh = prefill([prompts[i] for i in nxt + nxt[-1:] * pad])
-            st = insert(st, fresh, jnp.asarray(rows + rows[-1:] * pad, jnp.int32), axes, spec, samp, sub,
+            st = insert(st, fresh, jnp.asarray(rows + [batch] * pad, jnp.int32), axes, spec, samp, sub,
                         max_new_tokens, stop_tokens)
             for row, i in zip(rows, nxt):
                 slot_req[row] = i
