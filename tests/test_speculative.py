@@ -233,6 +233,11 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--slots", "1"]) == 0
     served = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert served["tokens"] == res["tokens"] and served["stats"]["batch"] == 1
+    assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--slots", "2",
+                            "--refill", "2"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
+    assert cli.main(argv + ["--method", "vegas", "--refill", "2"]) == 2
+    assert "refill applies" in capsys.readouterr().err
     assert cli.main(argv + ["--method", "ar", "--slots", "1"]) == 2
     assert "speculative methods" in capsys.readouterr().err
 
