@@ -163,9 +163,11 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     first = list(range(min(batch, len(prompts))))
     ids = [prompts[i] for i in first] + [prompts[0]] * (batch - len(first))   # idle slots: a copy, retired
     st = engine.start(spec, samp, prefill(ids), key, max_new_tokens, stop_tokens)
-    one = jax.eval_shape(lambda s: engine.start(spec, samp, s, key, max_new_tokens, stop_tokens),
-                         jax.eval_shape(lambda: prefill(ids[:1])))
-    axes = batch_axes(st, one) if batch > 1 else (None,) * len(jax.tree.leaves(st))
+    if batch > 1:   # shapes only: a 1-row carry traced, not run
+        axes = batch_axes(st, jax.eval_shape(
+            lambda: engine.start(spec, samp, prefill(ids[:1]), key, max_new_tokens, stop_tokens)))
+    else:           # one slot: every leaf is that slot's
+        axes = (None,) * len(jax.tree.leaves(st))
     WAITING = -2                                             # a finished slot, output taken, not refilled yet
     slot_req = first + [-1] * (batch - len(first))
     retired = np.array([r < 0 for r in slot_req])
