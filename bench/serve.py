@@ -1,7 +1,7 @@
 """Static batches vs continuous batching (jspec.speculative.serve) over one queue of long prompts.
 
     PYTHONPATH=. python bench/serve.py --out $OUT/serve_h200.json [--shape 8000x16 --queue 4 --new 256]
-        [--methods ar,vegas,longspec] [--impl pallas] [--refill 1,4] [--dense-rows 320]
+        [--methods ar,vegas,longspec] [--impl pallas] [--refill 1,4] [--staged 1,0] [--dense-rows 320]
 
 A queue of Q*B prompts of L tokens (code and prose alternating, bench/spec.py's sources), greedy, --new tokens
 each (stop tokens ignored, so every request is the same length and ar has no straggler). For every method:
@@ -9,7 +9,8 @@ each (stop tokens ignored, so every request is the same length and ar has no str
           its slowest row's pace: `straggler` = mean row tau / slowest row tau, averaged over the batches;
           `occupancy` = the rows' rounds / (B x the rounds the batches ran), as ServeStats.occupancy served);
   served  speculative methods also through `serve` with B slots: finished slots get the next prompts, `refill`
-          at a time (prefilled together; one record per --refill value).
+          at a time (prefilled together; one record per --refill and --staged value): mode `stagedK` prefills
+          the next K ahead and refills on the device after every round, `servedK` waits for K free slots.
 Times: decode (the loops) and prefill (prompts in; for `serve` also the per-slot inserts) separately, both
 after a warm-up that compiles every program; tokens/s on decode time and on the total. Speedups are against
 ar's static batches (plain decoding has no straggler to remove). Outputs are checked token-for-token
@@ -59,6 +60,7 @@ def main():
                     help="AttnImpl.dense_rows: steps of up to this many rows on the row-independent dense kernels "
                          "(`jspec generate --exact`); 0 = cuBLAS")
     ap.add_argument("--refill", default="1", help="comma-separated: slots refilled together, one served run each")
+    ap.add_argument("--staged", default="1", help="comma-separated 1/0: serve(staged=...), one served run each")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -132,12 +134,14 @@ def main():
         print(json.dumps(rec), flush=True)
         if spec is None:
             continue
-        for refill in (int(r) for r in a.refill.split(",")):
-            kw = dict(batch=B, capacity=cap, max_new_tokens=a.new, impl=impl, drafter=drafter, refill=refill)
+        for refill, staged in ((int(r), bool(int(g))) for r in a.refill.split(",") for g in a.staged.split(",")):
+            kw = dict(batch=B, capacity=cap, max_new_tokens=a.new, impl=impl, drafter=drafter, refill=refill,
+                      staged=staged)
             serve(params, cfg, spec, GREEDY, list(prompts[:B + refill]), **kw)   # compile (one refill)
             outs, st = serve(params, cfg, spec, GREEDY, list(prompts), **kw)
-            outputs[(name, f"served{refill}")] = np.stack(outs)
-            rec = base_record(method=name, mode=f"served{refill}", refill=refill, L=L, B=B, queue=N,
+            mode = f"{'staged' if staged else 'served'}{refill}"
+            outputs[(name, mode)] = np.stack(outs)
+            rec = base_record(method=name, mode=mode, refill=refill, staged=staged, L=L, B=B, queue=N,
                               new_tokens=a.new, impl=a.impl, dense_rows=a.dense_rows,
                               decode_s=round(st.decode_s, 3), prefill_s=round(st.prefill_s, 3), segments=st.segments,
                               iterations=st.iterations, occupancy=round(st.occupancy, 3),

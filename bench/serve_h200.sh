@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Continuous batching vs static batches on the H200 (bench/serve.py), after staging the model as in
 # bench/vegas_h200.sh (carry .carry/heldout for the prose rows). Writes $OUT/serve_<shape>_h200.json.
-#   SHAPES="8000x16 8000x64" QUEUE=4 REFILL=1,4 bash bench/serve_h200.sh
+#   SHAPES="8000x16 8000x64" QUEUE=4 REFILL=1,4 STAGED=1,0 bash bench/serve_h200.sh
 #   TAG=_exact DENSE_ROWS=320 bash bench/serve_h200.sh      (the row-independent dense kernels: --exact)
 set -uo pipefail
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/ 2>/dev/null
@@ -9,5 +9,5 @@ export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0 --xla_gpu_enable_trito
 for shape in ${SHAPES:-8000x16}; do
   timeout "${T_SERVE:-500}" python3 bench/serve.py --out "$OUT/serve_${shape}${TAG:-}_h200.json" --shape "$shape" \
     --queue "${QUEUE:-4}" --new "${NEW:-256}" --methods "${METHODS:-ar,vegas,longspec}" \
-    --refill "${REFILL:-1}" --dense-rows "${DENSE_ROWS:-0}" 2>&1 | grep -v Warning | tail -12
+    --refill "${REFILL:-1}" --staged "${STAGED:-1}" --dense-rows "${DENSE_ROWS:-0}" 2>&1 | grep -v Warning | tail -12
 done

@@ -43,8 +43,9 @@ def _alone(cfg, params, prompt, stops):
     return np.asarray(out)[0, :int(n[0])].tolist()
 
 
-@pytest.mark.parametrize("method", ["vegas", "streaming", "longspec"])
-def test_each_request_equals_plain_decoding_alone(method):
+@pytest.mark.parametrize("method,staged", [("vegas", True), ("streaming", False), ("longspec", True),
+                                           ("longspec", False)])
+def test_each_request_equals_plain_decoding_alone(method, staged):
     cfg, params, prompts = _setup(local=method == "longspec")
     free = [_alone(cfg, params, p, ()) for p in prompts]
     stop = next(int(t) for t in free[0][1:8] if any(t not in row for row in free[1:]))   # stops some rows early
@@ -57,19 +58,19 @@ def test_each_request_equals_plain_decoding_alone(method):
     else:
         spec = SpecConfig(method, gamma=3, budget=12, min_tokens=12)
     outs, st = sv.serve(params, cfg, spec, GREEDY, prompts, batch=2, capacity=CAP, max_new_tokens=NEW,
-                        stop_tokens=(stop,), drafter=drafter)
+                        stop_tokens=(stop,), drafter=drafter, staged=staged)
     assert [o.tolist() for o in outs] == want
     assert st.segments >= 4 and st.new_tokens == sum(len(w) for w in want)
     assert all(r >= 1 for r in st.rounds) and [int(np.sum(h)) for h in st.accept_hist] == st.rounds
     assert st.tau >= 1.0 and st.decode_s > 0 and st.prefill_s > 0
     assert max(st.rounds) <= st.iterations and 0 < st.occupancy <= 1
     one, st1 = sv.serve(params, cfg, spec, GREEDY, prompts[:3], batch=1, capacity=CAP, max_new_tokens=NEW,
-                        stop_tokens=(stop,), drafter=drafter)   # one slot: never idle, rounds add up
+                        stop_tokens=(stop,), drafter=drafter, staged=staged)   # one slot: never idle, rounds add up
     assert [o.tolist() for o in one] == want[:3] and st1.iterations == sum(st1.rounds) and st1.occupancy == 1.0
 
 
-@pytest.mark.parametrize("batch,refill", [(3, 2), (4, 3)])
-def test_batched_refills_equal_plain_decoding_alone(batch, refill):
+@pytest.mark.parametrize("batch,refill,staged", [(3, 2, True), (3, 2, False), (4, 3, True), (4, 3, False)])
+def test_batched_refills_equal_plain_decoding_alone(batch, refill, staged):
     """Slots refilled `refill` at a time (the last refill padded when the queue holds fewer): every request
     still equals plain decoding alone, in fewer segments than prompts; sampled, every request gets its tokens."""
     cfg, params, prompts = _setup(local=False)
@@ -78,15 +79,35 @@ def test_batched_refills_equal_plain_decoding_alone(batch, refill):
     spec = SpecConfig("vegas", gamma=3, budget=12, min_tokens=12)
     seen = []
     outs, st = sv.serve(params, cfg, spec, GREEDY, prompts, batch=batch, capacity=CAP, max_new_tokens=NEW,
-                        refill=refill, on_result=lambda i, toks: seen.append((i, toks.tolist())))
+                        refill=refill, staged=staged, on_result=lambda i, toks: seen.append((i, toks.tolist())))
     assert [o.tolist() for o in outs] == want
     assert sorted(seen) == list(enumerate(want))       # every request reported once, with its tokens
     assert 2 <= st.segments < len(prompts) and st.new_tokens == NEW * len(prompts)
     hot, _ = sv.serve(params, cfg, spec, SamplingConfig(temperature=1.0), prompts, batch=batch, capacity=CAP,
-                      max_new_tokens=NEW, refill=refill, seed=5)
+                      max_new_tokens=NEW, refill=refill, seed=5, staged=staged)
     assert all(len(o) == NEW and o.min() >= 0 and o.max() < cfg.vocab_size for o in hot)
     with pytest.raises(ValueError, match="refill"):
         sv.serve(params, cfg, spec, GREEDY, prompts, batch=batch, capacity=CAP, max_new_tokens=NEW, refill=0)
+
+
+def test_staged_rows_done_at_once_turn_a_slot_over_twice():
+    """Requests whose first token is a stop token are done before any round: on the device a slot then takes
+    staged row after staged row in one call, and the host must map each saved result to the request that
+    held the slot at that moment (in insertion order)."""
+    cfg, params, prompts = _setup(local=False)
+    first = _alone(cfg, params, prompts[2], ())[0]
+    stop = (first,)
+    queue = [prompts[0], prompts[1], prompts[2], prompts[2], prompts[3], prompts[2], prompts[4]]
+    want = [_alone(cfg, params, p, stop) for p in queue]
+    assert want[2] == [first] and len(want[0]) > 1     # the instant ones and the ones that run
+    spec = SpecConfig("vegas", gamma=2, budget=12, min_tokens=12)
+    seen = []
+    outs, st = sv.serve(params, cfg, spec, GREEDY, queue, batch=2, capacity=CAP, max_new_tokens=NEW,
+                        stop_tokens=stop, refill=2, on_result=lambda i, toks: seen.append(i))
+    assert [o.tolist() for o in outs] == want
+    assert sorted(seen) == list(range(len(queue)))
+    assert [r for r, w in zip(st.rounds, want) if w == [first]] == [0, 0, 0]
+    assert st.occupancy <= 1.0 and st.segments == 4   # stages [2, 3], [4, 5], [6], then the end
 
 
 def test_more_slots_than_requests_and_bad_requests():
@@ -134,7 +155,8 @@ def test_insert_puts_a_fresh_row_and_leaves_the_others(method):
     fresh = engine.start(spec, GREEDY, one, jax.random.key(9), NEW)
     axes = sv.batch_axes(st, fresh)
     fresh = host(fresh)
-    after = host(sv.insert(st, one, jnp.array([1], jnp.int32), axes, spec, GREEDY, jax.random.key(9), NEW))
+    after = host(sv.insert(st, engine.start(spec, GREEDY, one, jax.random.key(9), NEW), jnp.array([1], jnp.int32),
+                           axes))
     checked = 0
     for (path, a), b, f in zip(jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before),
                                jax.tree.leaves(fresh)):

@@ -45,6 +45,59 @@ def run_until(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, 
         cond, lambda st: engine.round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter), st)
 
 
+def _take_row(big, small, slot, row, axis):
+    """`big` with slot `slot` of its batch axis replaced by row `row` of `small` (traced scalars). A leaf without
+    a batch axis (the batch's PRNG key) stays the batch's."""
+    if axis is None:
+        return big
+    piece = jax.lax.dynamic_slice_in_dim(small, row, 1, axis=axis).astype(big.dtype)
+    return jax.lax.dynamic_update_slice_in_dim(big, piece, slot, axis=axis)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("axes",), donate_argnames=("st",))
+def run_staged(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, st, retired, stage, n_stage,
+               axes: tuple, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(),
+               drafter=None):
+    """Rounds that refill finished rows on the device from `stage`, a started K-row carry of the next requests
+    (prefilled together before the call): after every round each finished row not `retired` takes the next
+    staged row, its own results saved first. Returns once the first `n_stage` staged rows are all in (n_stage
+    0: once every row is done).
+
+    Returns (st, n_used, saved, iterations): saved = {"slot", "out", "n_out", "rounds", "hist"} with K entries,
+    entry i the results of the row that staged row i replaced (`slot`; -1 past n_used), in insertion order."""
+    K = stage.done.shape[0]
+    saved = {"slot": jnp.full((K,), -1, jnp.int32), "out": jnp.zeros((K,) + st.out.shape[1:], st.out.dtype),
+             "n_out": jnp.zeros((K,), jnp.int32), "rounds": jnp.zeros((K,), jnp.int32),
+             "hist": jnp.zeros((K,) + st.hist.shape[1:], st.hist.dtype)}
+
+    def swap_in(c):   # every finished row takes a staged one while any is left
+        def one(c):
+            st, used, saved = c
+            slot = jnp.argmax(st.done & ~retired).astype(jnp.int32)
+            saved = {"slot": saved["slot"].at[used].set(slot), "out": saved["out"].at[used].set(st.out[slot]),
+                     "n_out": saved["n_out"].at[used].set(st.n_out[slot]),
+                     "rounds": saved["rounds"].at[used].set(st.rounds[slot]),
+                     "hist": saved["hist"].at[used].set(st.hist[slot])}
+            leaves = [_take_row(b, s, slot, used, a)
+                      for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(stage), axes)]
+            return jax.tree.unflatten(jax.tree.structure(st), leaves), used + 1, saved
+
+        return jax.lax.while_loop(lambda c: jnp.any(c[0].done & ~retired) & (c[1] < n_stage), one, c)
+
+    def cond(c):
+        st, used = c[0], c[1]
+        return ~jnp.all(st.done) & ((used < n_stage) | (n_stage == 0))
+
+    def body(c):
+        st, used, saved, it = c
+        st = engine.round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter)
+        st, used, saved = swap_in((st, used, saved))
+        return st, used, saved, it + 1
+
+    st, used, saved = swap_in((st, jnp.int32(0), saved))     # rows that finished in the previous call
+    return jax.lax.while_loop(cond, body, (st, used, saved, jnp.int32(0)))
+
+
 def batch_axes(big, small) -> tuple:
     """Per leaf of two trees of one structure, B > 1 rows and 1 row: the axis whose size differs (None: the
     leaf has no batch axis)."""
@@ -59,23 +112,20 @@ def batch_axes(big, small) -> tuple:
 
 def _put_rows(big, small, rows, axis):
     """`big` with the slices `rows` (int32[K]) of its batch axis replaced by `small` (K rows on that axis);
-    a row index past the end drops its update (padding). A leaf without a batch axis (axis None) becomes `small`."""
+    a row index past the end drops its update (padding). A leaf without a batch axis (the batch's PRNG key)
+    stays the batch's."""
     if axis is None:
-        return small
+        return big
     return big.at[(slice(None),) * axis + (rows,)].set(small.astype(big.dtype), mode="drop")
 
 
-@functools.partial(jax.jit, static_argnames=("axes", "spec", "samp", "max_new_tokens", "stop_tokens"),
-                   donate_argnames=("st",))
-def insert(st, fresh: engine.State, rows, axes: tuple, spec: SpecConfig, samp: SamplingConfig, key,
-           max_new_tokens: int, stop_tokens: tuple = ()):
-    """Slots `rows` (int32[K]) of the loop carry `st` restarted on a freshly prefilled K-row State
-    (`engine.init`); `axes` = batch_axes(st, a 1-row carry). Rows >= B are padding: their State rows are
-    dropped (not written twice: sampled first tokens of two copies of a prompt differ, and a scatter with a
-    repeated index may take each leaf from a different copy)."""
-    new = engine.start(spec, samp, fresh, key, max_new_tokens, stop_tokens)
-    new = dataclasses.replace(new, key=st.key)     # the batch keeps its own PRNG stream
-    leaves = [_put_rows(b, s, rows, a) for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(new), axes)]
+@functools.partial(jax.jit, static_argnames=("axes",), donate_argnames=("st",))
+def insert(st, fresh, rows, axes: tuple):
+    """Slots `rows` (int32[K]) of the loop carry `st` replaced by the rows of `fresh`, a started K-row carry
+    (`engine.start` on `engine.init`); `axes` = batch_axes(st, a 1-row carry). Rows >= B are padding: their
+    rows are dropped (not written twice: sampled first tokens of two copies of a prompt differ, and a scatter
+    with a repeated index may take each leaf from a different copy)."""
+    leaves = [_put_rows(b, s, rows, a) for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(fresh), axes)]
     return jax.tree.unflatten(jax.tree.structure(st), leaves)
 
 
@@ -115,18 +165,20 @@ def _bucket(n: int, step: int = 256) -> int:
 
 def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prompts: Sequence, *, batch: int,
           capacity: int, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None,
-          seed: int = 0, refill: int | None = None, progress: bool = False, on_result=None):
+          seed: int = 0, refill: int | None = None, staged: bool = True, progress: bool = False, on_result=None):
     """Generate for every prompt (lists / arrays of token ids, any count) through `batch` slots.
 
     Returns (outputs: one int32 array of emitted tokens per prompt, in order; ServeStats). Prompts are
-    prefilled `refill` at a time (one compiled prefill per 256-token bucket of the longest): the rounds run
-    until `refill` slots are free (fewer when the queue holds fewer), which are then filled together.
-    refill=1 fills a slot as soon as it finishes; larger values trade idle slots for batched prefills and
-    fewer host round trips. Default min(4, batch // 4) (at least 1): the best measured at L=8000 on the H200
-    (refill 4 of {1, 2, 4, 8} at B=16; 4 and 8 ahead of 1 and 16 at B=64; bench/results/serve_*_h200.json).
+    prefilled `refill` at a time (one compiled prefill per 256-token bucket of the longest).
+    staged=True (default): the next `refill` requests are prefilled *ahead* into a staging carry, and the
+    rounds' loop hands each finished row the next staged one on the device, after the round it finished in
+    (`run_staged`): no slot waits for others to finish and the host is visited once per `refill` requests.
+    staged=False: the rounds run until `refill` slots are free, which are then prefilled and filled together
+    (`run_until` + `insert`); idle slots wait meanwhile. Default refill min(4, batch // 4) (at least 1): the
+    best of {1, 2, 4, 8} measured unstaged at L=8000 on the H200 (bench/results/serve_*_h200.json).
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
-    on_result: called as on_result(i, tokens) the moment request i is done (in finishing order), e.g. to
-    stream answers out of a server loop.
+    on_result: called as on_result(i, tokens) the moment the host learns request i is done (in finishing
+    order), e.g. to stream answers out of a server loop.
     """
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
     if not prompts:
@@ -155,53 +207,123 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
         return engine.init(params, cfg, spec, jnp.asarray(toks), jnp.asarray(lens), capacity, impl=impl,
                            drafter=drafter)
 
+    def started(ids, key):   # a started carry of len(ids) rows
+        return engine.start(spec, samp, prefill(ids), key, max_new_tokens, stop_tokens)
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(prompts), desc=f"serve {spec.method}", unit="req")
+    res = _Results(len(prompts), on_result, bar)
     t0 = time.perf_counter()
     first = list(range(min(batch, len(prompts))))
     ids = [prompts[i] for i in first] + [prompts[0]] * (batch - len(first))   # idle slots: a copy, retired
-    st = engine.start(spec, samp, prefill(ids), key, max_new_tokens, stop_tokens)
-    if batch > 1:   # shapes only: a 1-row carry traced, not run
-        axes = batch_axes(st, jax.eval_shape(
-            lambda: engine.start(spec, samp, prefill(ids[:1]), key, max_new_tokens, stop_tokens)))
-    else:           # one slot: every leaf is that slot's
-        axes = (None,) * len(jax.tree.leaves(st))
-    WAITING = -2                                             # a finished slot, output taken, not refilled yet
+    key, sub = jax.random.split(key)
+    st = started(ids, sub)
+    # Batch axes from shapes only: a 1-row carry (2 rows for one slot) traced, not run.
+    if batch > 1:
+        axes = batch_axes(st, jax.eval_shape(lambda: started(ids[:1], sub)))
+    else:
+        axes = batch_axes(jax.eval_shape(lambda: started(ids * 2, sub)), st)
     slot_req = first + [-1] * (batch - len(first))
     retired = np.array([r < 0 for r in slot_req])
     st = st.replace(done=st.done | jnp.asarray(retired))    # idle slots ride along without decoding
     jax.block_until_ready(st)
-    prefill_s, decode_s, segments, iterations = time.perf_counter() - t0, 0.0, 0, 0
-    rnd_before = np.zeros(batch, np.int64)                   # rounds of each slot when its segment started
+    timer = _Timer(time.perf_counter() - t0)
     queue = list(range(len(first), len(prompts)))
-    outs: list = [None] * len(prompts)
-    rounds: list = [None] * len(prompts)
-    hists: list = [None] * len(prompts)
+    loop = _staged if staged else _unstaged
+    loop(params, cfg, spec, samp, st, retired, slot_req, queue, axes, refill, key, prompts, started, res, timer,
+         batch, max_new_tokens, stop_tokens, impl, drafter)
+    if bar is not None:
+        bar.close()
+    stats = ServeStats(rounds=res.rounds, accept_hist=res.hists, decode_s=timer.decode_s, prefill_s=timer.prefill_s,
+                       segments=timer.segments, iterations=timer.iterations, batch=batch,
+                       new_tokens=int(sum(len(o) for o in res.outs)))
+    return res.outs, stats
+
+
+@dataclasses.dataclass
+class _Timer:
+    prefill_s: float
+    decode_s: float = 0.0
+    segments: int = 0
+    iterations: int = 0
+
+
+class _Results:
+    """Per-request outputs as they come in (reported to on_result and the progress bar)."""
+
+    def __init__(self, n, on_result, bar):
+        self.outs, self.rounds, self.hists = [None] * n, [None] * n, [None] * n
+        self.on_result, self.bar = on_result, bar
+
+    def add(self, r, out, n_out, rounds, hist):
+        self.outs[r], self.rounds[r], self.hists[r] = np.array(out[:n_out]), int(rounds), np.array(hist)
+        if self.on_result is not None:
+            self.on_result(r, self.outs[r])
+        if self.bar is not None:
+            self.bar.update(1)
+
+
+def _staged(params, cfg, spec, samp, st, retired, slot_req, queue, axes, refill, key, prompts, started, res, timer,
+            batch, max_new_tokens, stop_tokens, impl, drafter):
+    stage, n_stage = None, 0
+    while True:
+        t = time.perf_counter()
+        nxt = queue[:refill]
+        del queue[:refill]
+        if nxt:   # the last stage is padded with copies of its last request, never swapped in (n_stage)
+            key, sub = jax.random.split(key)
+            stage = started([prompts[i] for i in nxt + nxt[-1:] * (refill - len(nxt))], sub)
+            jax.block_until_ready(stage)
+        timer.prefill_s += time.perf_counter() - t
+        t = time.perf_counter()
+        if stage is None:   # the queue fit in the slots: nothing to refill
+            st = run_until(params, cfg, spec, samp, st, jnp.asarray(retired), max_new_tokens, stop_tokens, impl,
+                           drafter, jnp.int32(batch + 1))
+            it = int(np.asarray(st.rounds).max())
+        else:
+            st, used, saved, it = run_staged(params, cfg, spec, samp, st, jnp.asarray(retired), stage,
+                                             jnp.int32(len(nxt)), axes, max_new_tokens, stop_tokens, impl, drafter)
+            saved = jax.tree.map(np.asarray, saved)
+            for i in range(int(used)):          # in insertion order: a slot may turn over twice in one call
+                slot = int(saved["slot"][i])
+                res.add(slot_req[slot], saved["out"][i], saved["n_out"][i], saved["rounds"][i], saved["hist"][i])
+                slot_req[slot] = nxt[i]
+            it = int(it)
+        timer.decode_s += time.perf_counter() - t
+        timer.segments += 1
+        timer.iterations += it
+        if not nxt:          # that was the last call: every row ran to its end
+            out, n_out, rnd, hist = (np.asarray(x) for x in (st.out, st.n_out, st.rounds, st.hist))
+            for slot in np.argsort(rnd, kind="stable"):      # roughly in finishing order
+                if slot_req[slot] >= 0:
+                    res.add(slot_req[slot], out[slot], n_out[slot], rnd[slot], hist[slot])
+            return
+
+
+def _unstaged(params, cfg, spec, samp, st, retired, slot_req, queue, axes, refill, key, prompts, started, res,
+              timer, batch, max_new_tokens, stop_tokens, impl, drafter):
+    WAITING = -2                                             # a finished slot, output taken, not refilled yet
+    rnd_before = np.zeros(batch, np.int64)                   # rounds of each slot when its segment started
     while not retired.all():
         t = time.perf_counter()
         need = min(refill, len(queue)) if queue else batch + 1     # an empty queue: run every slot to its end
         st = run_until(params, cfg, spec, samp, st, jnp.asarray(retired), max_new_tokens, stop_tokens, impl, drafter,
                        jnp.int32(need))
         done = np.asarray(st.done)
-        decode_s += time.perf_counter() - t
-        segments += 1
+        timer.decode_s += time.perf_counter() - t
+        timer.segments += 1
         t = time.perf_counter()
         rnd = np.asarray(st.rounds)
-        iterations += int((rnd - rnd_before).max())        # a slot still running at the end ran throughout
+        timer.iterations += int((rnd - rnd_before).max())  # a slot still running at the end ran throughout
         rnd_before = rnd.astype(np.int64)
         finished = [r for r in np.flatnonzero(done & ~retired) if slot_req[r] >= 0]
         if finished:
             out, n_out, hist = np.asarray(st.out), np.asarray(st.n_out), np.asarray(st.hist)
         for row in finished:
-            r = slot_req[row]
-            outs[r], rounds[r], hists[r] = out[row, :n_out[row]].copy(), int(rnd[row]), hist[row].copy()
+            res.add(slot_req[row], out[row], n_out[row], rnd[row], hist[row])
             slot_req[row] = WAITING
-            if on_result is not None:
-                on_result(r, outs[r])
-            if bar is not None:
-                bar.update(1)
         free = [r for r in range(batch) if slot_req[r] == WAITING]
         while queue and free and (len(free) >= min(refill, len(queue)) or done.all()):
             k = min(refill, len(queue), len(free))
@@ -209,9 +331,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
             del queue[:k], free[:k]
             pad = refill - k                     # one compiled shape: the last request again, written nowhere
             key, sub = jax.random.split(key)
-            fresh = prefill([prompts[i] for i in nxt + nxt[-1:] * pad])
-            st = insert(st, fresh, jnp.asarray(rows + [batch] * pad, jnp.int32), axes, spec, samp, sub,
-                        max_new_tokens, stop_tokens)
+            fresh = started([prompts[i] for i in nxt + nxt[-1:] * pad], sub)
+            st = insert(st, fresh, jnp.asarray(rows + [batch] * pad, jnp.int32), axes)
             for row, i in zip(rows, nxt):
                 slot_req[row] = i
                 rnd_before[row] = 0                             # a fresh row starts at round 0
@@ -219,9 +340,4 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
             for row in free:
                 retired[row] = True
         jax.block_until_ready(st)
-        prefill_s += time.perf_counter() - t
-    if bar is not None:
-        bar.close()
-    stats = ServeStats(rounds=rounds, accept_hist=hists, decode_s=decode_s, prefill_s=prefill_s, segments=segments,
-                       iterations=iterations, batch=batch, new_tokens=int(sum(len(o) for o in outs)))
-    return outs, stats
+        timer.prefill_s += time.perf_counter() - t
