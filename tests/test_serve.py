@@ -124,13 +124,14 @@ def test_more_slots_than_requests_and_bad_requests():
         sv.serve(params, cfg, spec, GREEDY, [[5, 6], []], batch=2, capacity=CAP, max_new_tokens=NEW)
 
 
-def test_batch_axes_and_put_rows():
+def test_batch_axes_and_take_row():
     big, small = {"a": jnp.zeros((3, 4, 5)), "k": jnp.zeros(())}, {"a": jnp.ones((3, 1, 5)), "k": jnp.ones(())}
     axes = sv.batch_axes(big, small)
     assert axes == (1, None)
-    got = np.asarray(sv._put_rows(big["a"], jnp.stack([jnp.ones((3, 5)), 2 * jnp.ones((3, 5)),
-                                                       3 * jnp.ones((3, 5))], 1), jnp.array([2, 0, 4]), 1))
-    assert (got[:, 2] == 1).all() and (got[:, 0] == 2).all() and (got[:, [1, 3]] == 0).all()   # row 4: dropped
+    rows = jnp.stack([jnp.ones((3, 5)), 2 * jnp.ones((3, 5)), 3 * jnp.ones((3, 5))], 1)    # K = 3 rows
+    got = np.asarray(sv._take_row(big["a"], rows, jnp.int32(2), jnp.int32(1), 1))
+    assert (got[:, 2] == 2).all() and (np.delete(got, 2, 1) == 0).all()
+    assert float(sv._take_row(big["k"], small["k"], 0, 0, None)) == 0.0     # no batch axis: the batch's own
     with pytest.raises(ValueError, match="batch axis"):
         sv.batch_axes({"a": jnp.zeros((4, 4))}, {"a": jnp.ones((1, 2))})
 
@@ -155,12 +156,15 @@ def test_insert_puts_a_fresh_row_and_leaves_the_others(method):
     fresh = engine.start(spec, GREEDY, one, jax.random.key(9), NEW)
     axes = sv.batch_axes(st, fresh)
     fresh = host(fresh)
-    after = host(sv.insert(st, engine.start(spec, GREEDY, one, jax.random.key(9), NEW), jnp.array([1], jnp.int32),
-                           axes))
+    t2, l2 = gen.pad_prompts([prompts[3], prompts[4]])       # row 1 <- prompt 3; the second row is padding (3 = B)
+    two = engine.start(spec, GREEDY, engine.init(params, cfg, spec, jnp.asarray(t2), jnp.asarray(l2), CAP),
+                       jax.random.key(9), NEW)
+    after = host(sv.insert(st, two, jnp.array([1, 3], jnp.int32), axes))
     checked = 0
     for (path, a), b, f in zip(jax.tree_util.tree_leaves_with_path(after), jax.tree.leaves(before),
                                jax.tree.leaves(fresh)):
         if a.shape == f.shape:   # the PRNG key: stays the batch's
+            np.testing.assert_array_equal(a, b)
             continue
         axis = next(i for i, (m, n) in enumerate(zip(a.shape, f.shape)) if m != n)
         np.testing.assert_array_equal(np.take(a, 1, axis), np.take(f, 0, axis), err_msg=str(path))
