@@ -60,7 +60,7 @@ def main():
                     help="AttnImpl.dense_rows: steps of up to this many rows on the row-independent dense kernels "
                          "(`jspec generate --exact`); 0 = cuBLAS")
     ap.add_argument("--refill", default="1", help="comma-separated: slots refilled together, one served run each")
-    ap.add_argument("--staged", default="1", help="comma-separated 1/0: serve(staged=...), one served run each")
+    ap.add_argument("--staged", default="0", help="comma-separated 1/0: serve(staged=...), one served run each")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     a = ap.parse_args()
     t_start = time.perf_counter()

@@ -9,5 +9,5 @@ export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0 --xla_gpu_enable_trito
 for shape in ${SHAPES:-8000x16}; do
   timeout "${T_SERVE:-500}" python3 bench/serve.py --out "$OUT/serve_${shape}${TAG:-}_h200.json" --shape "$shape" \
     --queue "${QUEUE:-4}" --new "${NEW:-256}" --methods "${METHODS:-ar,vegas,longspec}" \
-    --refill "${REFILL:-1}" --staged "${STAGED:-1}" --dense-rows "${DENSE_ROWS:-0}" 2>&1 | grep -v Warning | tail -12
+    --refill "${REFILL:-1}" --staged "${STAGED:-0}" --dense-rows "${DENSE_ROWS:-0}" 2>&1 | grep -v Warning | tail -12
 done

@@ -114,8 +114,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0,
              capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
              config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
-             drafter=None, slots: Optional[int] = None, refill: Optional[int] = None, progress: bool = False,
-             **spec_knobs) -> Output:
+             drafter=None, slots: Optional[int] = None, refill: Optional[int] = None, staged: bool = False,
+             progress: bool = False, **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
@@ -130,6 +130,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     slots: speculative methods: run the prompts through this many batch slots with continuous batching
     (`jspec.speculative.serve`: a finished slot takes the next prompt) instead of as one static batch;
     refill: slots filled (prefilled) together, the rounds running until that many are free (default min(4, slots // 4)).
+    staged: with slots, prefill the next `refill` prompts ahead and refill finished slots on the device after
+    every round, instead of waiting for `refill` free slots (see `jspec.speculative.serve`).
     progress: with slots, a progress bar of finished requests on stderr.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
@@ -163,8 +165,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
             raise _gen.InputError("slots (continuous batching) does not support tensor-parallel models yet")
         if refill is not None and refill < 1:
             raise _gen.InputError(f"refill={refill} must be >= 1")
-    elif refill is not None:
-        raise _gen.InputError("refill applies to continuous batching (slots=N) only")
+    elif refill is not None or staged:
+        raise _gen.InputError("refill and staged apply to continuous batching (slots=N) only")
     if spec is not None:
         kw = {}
         if spec.method == "longspec":
@@ -173,7 +175,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
             kw = dict(drafter=d.params)
         if slots is not None:
             return _serve_spec(model, spec, samp, ids, capacity, max_new_tokens, stops, seed, impl, kw, slots, refill,
-                               progress)
+                               staged, progress)
         return _generate_spec(model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl, kw)
     cache = new_cache(model, batch=B, capacity=capacity)
 
@@ -273,10 +275,10 @@ def new_cache(model: Model, *, batch: int, capacity: int) -> kv_cache.KVCache:
 
 
 def _serve_spec(model: Model, spec, samp, ids, capacity, max_new_tokens, stops, seed, impl, kw, slots,
-                refill, progress=False) -> Output:
+                refill, staged=False, progress=False) -> Output:
     outs, st = speculative.serve(model.params, model.cfg, spec, samp, ids, batch=slots, capacity=capacity,
                                  max_new_tokens=max_new_tokens, stop_tokens=stops, impl=impl, seed=seed,
-                                 refill=refill, progress=progress, **kw)
+                                 refill=refill, staged=staged, progress=progress, **kw)
     toks = [o.tolist() for o in outs]
     hist = np.asarray(st.accept_hist)
     decoded = sum(max(len(t) - 1, 0) for t in toks)

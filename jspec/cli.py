@@ -28,7 +28,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                  top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0, ignore_eos: bool = False,
                  as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
                  sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None,
-                 mode=None, widths=None, drafter=None, topk=None, exact=False, slots=None, refill=None):
+                 mode=None, widths=None, drafter=None, topk=None, exact=False, slots=None, refill=None,
+                 staged=False):
     import jspec
     from jspec import data
 
@@ -63,7 +64,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=spec,
                          drafter=drafter, impl=impl, slots=slots, refill=refill,
-                         progress=slots is not None)
+                         staged=staged, progress=slots is not None)
     s = out.stats
     if as_json:
         print(json.dumps({"texts": out.texts, "tokens": out.tokens, "stats": vars(s)}))
@@ -181,6 +182,9 @@ def main(argv=None):
     g.add_argument("--refill", type=int, default=None,
                    help="with --slots: free slots prefilled together (the rounds run until this many are free; "
                         "default min(4, slots // 4), at least 1)")
+    g.add_argument("--staged", action="store_true",
+                   help="with --slots: prefill the next --refill prompts ahead and refill finished slots on the GPU "
+                        "after every round instead of waiting for --refill free slots")
     g.add_argument("--exact", action="store_true",
                    help="GPU, bf16: run each step's GEMMs on row-independent Pallas kernels so a speculative method's "
                         "greedy tokens equal `--exact` ar's bit for bit (measured for vegas; ~8%% slower)")

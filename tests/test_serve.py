@@ -103,7 +103,7 @@ def test_staged_rows_done_at_once_turn_a_slot_over_twice():
     spec = SpecConfig("vegas", gamma=2, budget=12, min_tokens=12)
     seen = []
     outs, st = sv.serve(params, cfg, spec, GREEDY, queue, batch=2, capacity=CAP, max_new_tokens=NEW,
-                        stop_tokens=stop, refill=2, on_result=lambda i, toks: seen.append(i))
+                        stop_tokens=stop, refill=2, staged=True, on_result=lambda i, toks: seen.append(i))
     assert [o.tolist() for o in outs] == want
     assert sorted(seen) == list(range(len(queue)))
     assert [r for r, w in zip(st.rounds, want) if w == [first]] == [0, 0, 0]
@@ -116,6 +116,9 @@ def test_more_slots_than_requests_and_bad_requests():
     outs, st = sv.serve(params, cfg, spec, GREEDY, prompts[:2], batch=4, capacity=CAP, max_new_tokens=6)
     assert [o.tolist() for o in outs] == [_alone(cfg, params, p, ())[:6] for p in prompts[:2]]
     assert st.iterations == max(st.rounds) and st.occupancy <= 0.5     # two of four slots idle throughout
+    staged, st2 = sv.serve(params, cfg, spec, GREEDY, prompts[:2], batch=4, capacity=CAP, max_new_tokens=6,
+                           staged=True)                                 # nothing to stage: one plain segment
+    assert [o.tolist() for o in staged] == [o.tolist() for o in outs] and st2.segments == 1
     with pytest.raises(ValueError, match="capacity"):
         sv.serve(params, cfg, spec, GREEDY, prompts, batch=2, capacity=48, max_new_tokens=NEW)
     with pytest.raises(ValueError, match="at least one prompt"):
@@ -190,8 +193,11 @@ def test_generate_with_slots(capsys):
     paired = jspec.generate(m, prompts, method="vegas", gamma=2, budget=12, min_tokens=12, max_new_tokens=8,
                             slots=3, refill=2, progress=True)
     assert paired.tokens == ar.tokens and paired.stats.batch == 3
+    staged = jspec.generate(m, prompts, method="vegas", gamma=2, budget=12, min_tokens=12, max_new_tokens=8,
+                            slots=2, refill=2, staged=True)
+    assert staged.tokens == ar.tokens
     assert f"{len(prompts)}/{len(prompts)}" in capsys.readouterr().err    # the bar counted every request
-    with pytest.raises(jspec.InputError, match="refill applies"):
+    with pytest.raises(jspec.InputError, match="refill and staged apply"):
         jspec.generate(m, prompts, method="vegas", max_new_tokens=8, refill=2)
     with pytest.raises(jspec.InputError, match="refill=0"):
         jspec.generate(m, prompts, method="vegas", max_new_tokens=8, slots=2, refill=0)

@@ -236,8 +236,16 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--slots", "2",
                             "--refill", "2"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
+    calls = []   # --staged reaches serve
+    real_serve = jspec.speculative.serve
+    monkeypatch.setattr(jspec.speculative, "serve", lambda *a, **k: calls.append(k["staged"]) or real_serve(*a, **k))
+    assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--slots", "2",
+                            "--refill", "2", "--staged"]) == 0
+    assert calls == [True] and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
     assert cli.main(argv + ["--method", "vegas", "--refill", "2"]) == 2
-    assert "refill applies" in capsys.readouterr().err
+    assert "refill and staged apply" in capsys.readouterr().err
+    assert cli.main(argv + ["--method", "vegas", "--staged"]) == 2
+    assert "refill and staged apply" in capsys.readouterr().err
     assert cli.main(argv + ["--method", "ar", "--slots", "1"]) == 2
     assert "speculative methods" in capsys.readouterr().err
 

@@ -10,6 +10,9 @@ their cache and state untouched, so every request's greedy output is the one pla
 
     outs, stats = serve(params, cfg, spec, samp, prompts, batch=16, capacity=8448, max_new_tokens=256)
 
+With staged=True the next requests are prefilled ahead instead and the loop itself (`run_staged`) hands each
+finished row a staged one after the round it finished in, so no slot waits for others to finish.
+
 Batch axes are found, not declared (`batch_axes`): a leaf's batch axis is the one whose size differs between
 the B-slot loop state and a 1-slot one (every per-row array of the engine and of each method's state has exactly one).
 """
@@ -161,17 +164,20 @@ def _bucket(n: int, step: int = 256) -> int:
 
 def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prompts: Sequence, *, batch: int,
           capacity: int, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None,
-          seed: int = 0, refill: int | None = None, staged: bool = True, progress: bool = False, on_result=None):
+          seed: int = 0, refill: int | None = None, staged: bool = False, progress: bool = False, on_result=None):
     """Generate for every prompt (lists / arrays of token ids, any count) through `batch` slots.
 
     Returns (outputs: one int32 array of emitted tokens per prompt, in order; ServeStats). Prompts are
     prefilled `refill` at a time (one compiled prefill per 256-token bucket of the longest).
-    staged=True (default): the next `refill` requests are prefilled *ahead* into a staging carry, and the
-    rounds' loop hands each finished row the next staged one on the device, after the round it finished in
-    (`run_staged`): no slot waits for others to finish and the host is visited once per `refill` requests.
-    staged=False: the rounds run until `refill` slots are free, which are then prefilled and filled together
-    (`run_until` + `insert`); idle slots wait meanwhile. Default refill min(4, batch // 4) (at least 1): the
-    best of {1, 2, 4, 8} measured unstaged at L=8000 on the H200 (bench/results/serve_*_h200.json).
+    staged=False (default): the rounds run until `refill` slots are free, which are then prefilled and filled
+    together (`run_until` + `insert`); the free slots wait meanwhile. Default refill min(4, batch // 4) (at
+    least 1): the best of {1, 2, 4, 8} measured at L=8000 on the H200 (bench/results/serve_*_h200.json).
+    staged=True: the next `refill` requests are prefilled *ahead* into a staging carry and the rounds' loop
+    hands each finished row the next staged one on the device, right after the round it finished in
+    (`run_staged`): no slot waits, but every round pays a check (a host sync, ~2%) and each refill ~1 ms. On
+    the H200 at L=8000 (bench/results/serve_8000x*_staged_h200.json, serve_8000x16_insert_h200.json): LongSpec
+    at B=16 (uneven rows) gained 2-5% in total throughput and kept decode even; vegas at B=64 lost 1% in total
+    and 5% on decode.
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
     on_result: called as on_result(i, tokens) the moment the host learns request i is done (in finishing
     order), e.g. to stream answers out of a server loop.
