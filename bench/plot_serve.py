@@ -27,15 +27,16 @@ def main():
                 exact = " exact" if r.get("dense_rows") else ""
                 rows.append((f'{r["L"]}x{r["B"]} q{r["queue"]}\n{r["method"]}{exact}\n{r["mode"]}',
                              r["decode_speedup_vs_ar"], r["total_speedup_vs_ar"]))
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.15 * len(rows)), 4.5))
     for off, col, name, color in ((-0.2, 1, "decode", "tab:blue"), (0.2, 2, "decode + prefill", "tab:orange")):
         ax.bar([i + off for i in range(len(rows))], [r[col] for r in rows], 0.4, color=color, label=name)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r[0] for r in rows], fontsize=7)
     ax.set_ylabel("speedup over static ar batches")
-    ax.set_title("Continuous batching (servedK: K slots refilled together) vs static batches, greedy, 256 new")
-    ax.legend()
+    ax.set_title("Continuous batching (servedK: K free slots refilled together; stagedK: K prefilled ahead, refilled "
+                 "on the device) vs static batches, greedy, 256 new", fontsize=9)
+    ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
     print(f"wrote {a.out}")
