@@ -54,7 +54,8 @@ def main():
     st = jax.eval_shape(lambda: started(B))
     stage = jax.eval_shape(lambda: started(a.refill))
     axes = sv.batch_axes(st, jax.eval_shape(lambda: started(1)))
-    cache_shape = "%s[%s]" % ("bf16" if st.cache.k.dtype == jnp.bfloat16 else "f32", ",".join(map(str, st.cache.k.shape)))
+    dtype = "bf16" if st.cache.k.dtype == jnp.bfloat16 else "f32"
+    cache_shape = "%s[%s]" % (dtype, ",".join(map(str, st.cache.k.shape)))
     retired = jax.ShapeDtypeStruct((B,), jnp.bool_)
     progs = {
         "run_until": sv.run_until.lower(m.params, m.cfg, spec, GREEDY, st, retired, a.new, (), impl, drafter,

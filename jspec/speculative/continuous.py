@@ -122,7 +122,8 @@ def insert(st, fresh, rows, axes: tuple):
     B = st.done.shape[0]
     for i in range(rows.shape[0]):
         def write(st, i=i):
-            leaves = [_take_row(b, s, rows[i], i, a) for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(fresh), axes)]
+            leaves = [_take_row(b, s, rows[i], i, a)
+                      for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(fresh), axes)]
             return jax.tree.unflatten(jax.tree.structure(st), leaves)
         st = jax.lax.cond(rows[i] < B, write, lambda st: st, st)
     return st
