@@ -127,14 +127,16 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
     tree_widths (default (4, 16, 16, 16, 16)), gamma (chain length).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
-    slots: speculative methods: run the prompts through this many batch slots with continuous batching
-    (`jspec.speculative.serve`: a finished slot takes the next prompt) instead of as one static batch;
+    slots: run the prompts through this many batch slots with continuous batching (`jspec.speculative.serve`:
+    a finished slot takes the next prompt) instead of as one static batch (also for "ar");
     refill: slots filled (prefilled) together, the rounds running until that many are free (default min(4, slots // 4)).
     staged: with slots, prefill the next `refill` prompts ahead and refill finished slots on the device after
     every round, instead of waiting for `refill` free slots (see `jspec.speculative.serve`).
     progress: with slots, a progress bar of finished requests on stderr.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
+    if spec is None and slots is not None:   # plain decoding through serve's slots: the engine's "ar"
+        spec = speculative.SpecConfig("ar")
     method = spec.method if spec is not None else "ar"
     samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     ids = encode(model, prompts, chat=chat)
@@ -157,8 +159,6 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     stops = () if ignore_eos else model.stop_tokens
     impl = attn_impl(model, impl)
     if slots is not None:
-        if spec is None:
-            raise _gen.InputError("slots (continuous batching) applies to speculative methods, not 'ar'")
         if slots < 1:
             raise _gen.InputError(f"slots={slots} must be >= 1")
         if model.mesh is not None:

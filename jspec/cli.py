@@ -178,7 +178,7 @@ def main(argv=None):
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", dest="as_json")
     g.add_argument("--slots", type=int, default=None,
-                   help="speculative methods: continuous batching, the --batch prompts through this many slots")
+                   help="continuous batching: the --batch prompts through this many slots (any method, ar included)")
     g.add_argument("--refill", type=int, default=None,
                    help="with --slots: free slots prefilled together (the rounds run until this many are free; "
                         "default min(4, slots // 4), at least 1)")

@@ -1,6 +1,7 @@
 """Continuous batching (jspec/speculative/continuous.py): a queue of requests through fewer slots; each request's
-greedy output equals plain greedy decoding of that request alone, for self-speculative methods and LongSpec,
-with stop tokens (rows finish at different rounds) and more slots than requests."""
+greedy output equals plain greedy decoding of that request alone, for self-speculative methods, LongSpec and
+plain decoding through the engine ("ar"), with stop tokens (rows finish at different rounds) and more slots
+than requests."""
 import functools
 
 import jax
@@ -44,7 +45,7 @@ def _alone(cfg, params, prompt, stops):
 
 
 @pytest.mark.parametrize("method,staged", [("vegas", True), ("streaming", False), ("longspec", True),
-                                           ("longspec", False)])
+                                           ("longspec", False), ("ar", True)])
 def test_each_request_equals_plain_decoding_alone(method, staged):
     cfg, params, prompts = _setup(local=method == "longspec")
     free = [_alone(cfg, params, p, ()) for p in prompts]
@@ -206,7 +207,7 @@ def test_generate_with_slots(capsys):
     hot = jspec.generate(m, prompts, method="vegas", gamma=2, max_new_tokens=8, slots=2, temperature=0.9, seed=3)
     assert [len(t) for t in hot.tokens] == [8] * len(prompts) and all(0 <= x < cfg.vocab_size for t in hot.tokens
                                                                      for x in t)
-    with pytest.raises(jspec.InputError, match="speculative methods"):
-        jspec.generate(m, prompts, max_new_tokens=8, slots=2)
+    plain = jspec.generate(m, prompts, max_new_tokens=8, slots=2)     # "ar" through the slots too
+    assert plain.tokens == ar.tokens and plain.stats.method == "ar" and plain.stats.tau == 1.0
     with pytest.raises(jspec.InputError, match="slots=0"):
         jspec.generate(m, prompts, method="vegas", max_new_tokens=8, slots=0)

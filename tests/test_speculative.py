@@ -246,8 +246,9 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     assert "refill and staged apply" in capsys.readouterr().err
     assert cli.main(argv + ["--method", "vegas", "--staged"]) == 2
     assert "refill and staged apply" in capsys.readouterr().err
-    assert cli.main(argv + ["--method", "ar", "--slots", "1"]) == 2
-    assert "speculative methods" in capsys.readouterr().err
+    assert cli.main(argv + ["--method", "ar", "--slots", "2"]) == 0      # plain decoding through the slots
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plain["tokens"] == res["tokens"] and plain["stats"]["method"] == "ar"
 
 
 def test_dense_kernels_inside_the_speculative_loop():

@@ -23,7 +23,8 @@ class SpecConfig:
     method:     "streaming" (sink + recent window), "quest" (query-aware page selection), "vegas"
                 (top-k of the previous verification's attention scores) or "longspec" (a trained one-block
                 drafter over the target's last-layer KV cache, chain or tree drafts; the drafter's params go
-                to `init`/`prepare`/`run` as `drafter=`). DESIGN.md section 4.
+                to `init`/`prepare`/`run` as `drafter=`). DESIGN.md section 4. "ar": plain decoding through
+                the same engine (gamma forced to 0: each round is one target step), for `serve`.
     gamma:      draft tokens per round (one full-attention verification each); longspec chain mode: the
                 chain length.
     budget:     KV slots each draft step's selection holds (the same number across methods in comparisons);
@@ -67,10 +68,12 @@ class SpecConfig:
     def __post_init__(self):
         # A list would make the config unhashable (it is a static jit argument): store a tuple of ints.
         object.__setattr__(self, "tree_widths", tuple(int(w) for w in self.tree_widths))
-        if self.method not in METHODS:
+        if self.method == "ar":   # plain decoding through the engine (serve): no drafts
+            object.__setattr__(self, "gamma", 0)
+        elif self.method not in METHODS:
             raise InputError(f"unknown speculative method {self.method!r}; available: {', '.join(METHODS)} "
                              f"(and 'ar' for plain decoding)")
-        if self.gamma < 1:
+        elif self.gamma < 1:
             raise InputError(f"gamma={self.gamma} must be >= 1 (draft tokens per round)")
         if self.budget < 1:
             raise InputError(f"budget={self.budget} must be >= 1 KV slot")

@@ -43,10 +43,10 @@ from flax import struct
 from jspec import kv_cache, model, sampling
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-from jspec.speculative import longspec, quest, streaming, vegas
+from jspec.speculative import longspec, plain, quest, streaming, vegas
 from jspec.speculative.config import SpecConfig
 
-METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas}
+METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas, "ar": plain}
 
 
 @struct.dataclass
@@ -157,6 +157,8 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, msta
       drafts int32[B, gamma]; q f32[B, gamma, V] processed draft distributions (None for greedy);
       the cache with lengths advanced by gamma (the caller rolls it back before verifying).
     """
+    if spec.gamma == 0:   # "ar": nothing to draft
+        return jnp.zeros((cache.batch, 0), jnp.int32), None, cache
     m = _method(spec)
     sel = m.begin_round(spec, cfg, mstate, cache.lengths)
 
