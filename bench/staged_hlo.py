@@ -126,12 +126,9 @@ def loop_ab(m, spec, impl, drafter, started, axes, a, B):
 
 
 def time_refills(m, spec, impl, drafter, started, axes, a, B):
-    import tempfile
     import time
 
     import numpy as np
-
-    from bench.profile_round import kernel_table, read_trace
     K = a.refill
     st, stage = started(B), started(K)
     retired = jnp.zeros((B,), bool)
@@ -156,15 +153,13 @@ def time_refills(m, spec, impl, drafter, started, axes, a, B):
             st = out[0]
             times.append(time.perf_counter() - t)
         print(f"{name}: K={K}: {1e3 * np.median(times):.2f} ms per call (median of 5)", flush=True)
-        d = tempfile.mkdtemp()
-        jax.profiler.start_trace(d, create_perfetto_trace=True)
-        for _ in range(3):
-            st = fn(st)[0]
-        jax.block_until_ready(st)
-        jax.profiler.stop_trace()
-        trace = read_trace(d)
-        if trace:
-            tab, _ = kernel_table(trace, 3)
+        box = [st]
+
+        def one_call():
+            box[0] = jax.block_until_ready(fn(box[0])[0])
+        tab = _trace_table(one_call, 3)
+        st = box[0]
+        if tab:
             top = sorted(tab.items(), key=lambda kv: -kv[1][0])[:8]
             total = sum(v[0] for v in tab.values())
             print(f"   device {total:.0f} us per call; " + "; ".join(f"{n[:40]} {v[0]:.0f} us x{v[1]:g}"

@@ -57,6 +57,15 @@ def _take_row(big, small, slot, row, axis):
     return jax.lax.dynamic_update_slice_in_dim(big, piece, slot, axis=axis)
 
 
+def _put_row(st, fresh, slot, row, axes):
+    """The carry `st` with slot `slot` restarted on row `row` of the started carry `fresh` (every leaf)."""
+    leaves = [_take_row(b, s, slot, row, a) for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(fresh), axes)]
+    return jax.tree.unflatten(jax.tree.structure(st), leaves)
+
+
+_SAVED = ("out", "n_out", "rounds", "hist")   # what run_staged keeps of a row it replaces
+
+
 @functools.partial(jax.jit, static_argnames=_STATIC + ("axes",), donate_argnames=("st",))
 def run_staged(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, st, retired, stage, n_stage,
                axes: tuple, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(),
@@ -69,21 +78,16 @@ def run_staged(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig,
     Returns (st, n_used, saved, iterations): saved = {"slot", "out", "n_out", "rounds", "hist"} with K entries,
     entry i the results of the row that staged row i replaced (`slot`; -1 past n_used), in insertion order."""
     K = stage.done.shape[0]
-    saved = {"slot": jnp.full((K,), -1, jnp.int32), "out": jnp.zeros((K,) + st.out.shape[1:], st.out.dtype),
-             "n_out": jnp.zeros((K,), jnp.int32), "rounds": jnp.zeros((K,), jnp.int32),
-             "hist": jnp.zeros((K,) + st.hist.shape[1:], st.hist.dtype)}
+    saved = {"slot": jnp.full((K,), -1, jnp.int32),
+             **{f: jnp.zeros((K,) + getattr(st, f).shape[1:], getattr(st, f).dtype) for f in _SAVED}}
 
     def swap_in(c):   # every finished row takes a staged one while any is left
         def one(c):
             st, used, saved = c
             slot = jnp.argmax(st.done & ~retired).astype(jnp.int32)
-            saved = {"slot": saved["slot"].at[used].set(slot), "out": saved["out"].at[used].set(st.out[slot]),
-                     "n_out": saved["n_out"].at[used].set(st.n_out[slot]),
-                     "rounds": saved["rounds"].at[used].set(st.rounds[slot]),
-                     "hist": saved["hist"].at[used].set(st.hist[slot])}
-            leaves = [_take_row(b, s, slot, used, a)
-                      for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(stage), axes)]
-            return jax.tree.unflatten(jax.tree.structure(st), leaves), used + 1, saved
+            row = {"slot": slot, **{f: getattr(st, f)[slot] for f in _SAVED}}
+            saved = jax.tree.map(lambda buf, x: buf.at[used].set(x), saved, row)
+            return _put_row(st, stage, slot, used, axes), used + 1, saved
 
         return jax.lax.while_loop(lambda c: jnp.any(c[0].done & ~retired) & (c[1] < n_stage), one, c)
 
@@ -121,11 +125,7 @@ def insert(st, fresh, rows, axes: tuple):
     tenth of the copy's bandwidth (2.9 ms for 4 rows of an L=8000 cache, bench/results/staged_diag_h200_log.txt)."""
     B = st.done.shape[0]
     for i in range(rows.shape[0]):
-        def write(st, i=i):
-            leaves = [_take_row(b, s, rows[i], i, a)
-                      for b, s, a in zip(jax.tree.leaves(st), jax.tree.leaves(fresh), axes)]
-            return jax.tree.unflatten(jax.tree.structure(st), leaves)
-        st = jax.lax.cond(rows[i] < B, write, lambda st: st, st)
+        st = jax.lax.cond(rows[i] < B, lambda st, i=i: _put_row(st, fresh, rows[i], i, axes), lambda st: st, st)
     return st
 
 
