@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# `jspec tune --method longspec` on the H200 with the bundled drafter: the draft-shape search at L=8000 for each
+# batch size in BATCHES (default stdlib prompts), after staging the model as in bench/vegas_h200.sh. Writes
+# $OUT/tune_longspec_B<b>_h200.json and the search's log. The results become the drafter's shipped shapes
+# (checkpoints/drafters/<model>/tuned.json, via bench/tuned_shapes.py).
+#   BATCHES="16 1" bash bench/tune_longspec_h200.sh
+set -uo pipefail
+export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false}"
+for b in ${BATCHES:-16 1}; do
+  timeout "${T_TUNE:-280}" python3 -m jspec.cli tune --method longspec --prompt-tokens "${L:-8000}" --batch "$b" \
+    --max-new-tokens "${NEW:-128}" --reps 2 --jobs 8 --out "$OUT/tune_longspec_B${b}_h200.json" 2>&1 \
+    | grep -v Warning | tr '\r' '\n' | grep -v "it/s\]$\|shape/s\]$\|s/shape\]$" | tee "$OUT/tune_longspec_B${b}_h200_log.txt" | tail -14
+done
