@@ -61,6 +61,8 @@ def main():
                          "(`jspec generate --exact`); 0 = cuBLAS")
     ap.add_argument("--refill", default="1", help="comma-separated: slots refilled together, one served run each")
     ap.add_argument("--staged", default="0", help="comma-separated 1/0: serve(staged=...), one served run each")
+    ap.add_argument("--serve-ar", action="store_true",
+                    help="also serve ar (SpecConfig('ar'): one target step per round) through the same slots")
     ap.add_argument("--corpus", default="/root/jspec-cache/corpus")
     a = ap.parse_args()
     t_start = time.perf_counter()
@@ -132,8 +134,10 @@ def main():
                           spec=dataclasses.asdict(spec) if spec else None)
         records.append(rec)
         print(json.dumps(rec), flush=True)
-        if spec is None:
+        if spec is None and not a.serve_ar:
             continue
+        if spec is None:
+            spec = SpecConfig("ar")
         for refill, staged in ((int(r), bool(int(g))) for r in a.refill.split(",") for g in a.staged.split(",")):
             kw = dict(batch=B, capacity=cap, max_new_tokens=a.new, impl=impl, drafter=drafter, refill=refill,
                       staged=staged)
