@@ -489,11 +489,13 @@ def _tau_ratios(records, sweep, by, **fixed):
 
 
 def _summary(records, splits, sweep, split, Ls, Bs, a):
-    big = (8000, 64) if (8000 in Ls and 64 in Bs) else (max(Ls), max(Bs))
+    # The shape when it ran (as a grid shape or as the sweep / split shape), else the largest grid shape;
+    # the key names the shape it was read at.
+    big = (8000, 64) if any((r["L"], r["B"]) == (8000, 64) for r in records) else (max(Ls), max(Bs))
     out = {"shape_speedup": f"L{big[0]}_B{big[1]}", "shape_tau": f"L{sweep[0]}_B{sweep[1]}",
            "shape_split": f"L{split[0]}_B{split[1]}", "gamma": a.gamma, "budget": a.budget}
     v = _find(records, "vegas", *big, gamma=a.gamma, budget=a.budget)
-    out["vegas_speedup_vs_ar_L8000_B64"] = v and v["speedup_vs_ar"]
+    out[f"vegas_speedup_vs_ar_L{big[0]}_B{big[1]}"] = v and v["speedup_vs_ar"]
     vs = _find(records, "vegas", *sweep, gamma=a.gamma, budget=a.budget)
     ss = _find(records, "streaming", *sweep, gamma=a.gamma, budget=a.budget)
     out["tau_ratio_vegas_vs_streaming"] = round(vs["tau"] / ss["tau"], 3) if vs and ss else None
