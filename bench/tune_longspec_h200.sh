@@ -2,7 +2,7 @@
 # `jspec tune --method longspec` on the H200 with the bundled drafter: the draft-shape search at L=8000 for each
 # batch size in BATCHES (default stdlib prompts), after staging the model as in bench/vegas_h200.sh. Writes
 # $OUT/tune_longspec_B<b>_h200.json and the search's log. The results become the drafter's shipped shapes
-# (checkpoints/drafters/<model>/tuned.json, via bench/tuned_shapes.py).
+# (checkpoints/drafters/<model>/tuned.json, via bench/tuned_shapes.py; `--save-shape` does it in one go).
 #   BATCHES="16 1" bash bench/tune_longspec_h200.sh
 set -uo pipefail
 export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false}"

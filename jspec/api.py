@@ -125,7 +125,9 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     SpecConfig -- whose method and knobs become the defaults; the keywords given here override them.
     "longspec" drafts with a trained drafter block: `drafter` is a `jspec.drafter.Drafter` or its directory,
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
-    tree_widths (default (4, 16, 16, 16, 16)), gamma (chain length).
+    tree_widths, gamma (chain length). With none of them (and no config) it drafts the tree the drafter was
+    tuned with for this batch size (`Drafter.widths_for(slots or batch)`, its tuned.json; the bundled one's
+    from H200 runs at L=8000), else SpecConfig's (4, 16, 16, 16, 16).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     slots: run the prompts through this many batch slots with continuous batching (`jspec.speculative.serve`:
     a finished slot takes the next prompt) instead of as one static batch (also for "ar");
@@ -141,6 +143,15 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     ids = encode(model, prompts, chat=chat)
     lengths = np.array([len(p) for p in ids], np.int32)
+    if method == "longspec":
+        d = load_drafter_for(model, drafter)
+        spec = dataclasses.replace(spec, window=d.window)
+        # No shape named (no widths, mode or gamma, no config): the drafter's tuned shape for this batch.
+        named = {k for k, v in dict(gamma=gamma, **spec_knobs).items() if v is not None}
+        tuned = d.widths_for(slots or len(ids))
+        if config is None and not named & {"tree_widths", "mode", "gamma"} and tuned is not None:
+            spec = (dataclasses.replace(spec, mode="chain", gamma=len(tuned)) if max(tuned) == 1   # all ones: a chain
+                    else dataclasses.replace(spec, mode="tree", tree_widths=tuned))
     margin = spec.capacity_margin() if spec else 0   # a speculative round writes up to gamma + 1 slots ahead
     if capacity is None:
         capacity = int(-(-(max(lengths.max(initial=1), 1) + max_new_tokens + margin) // 128) * 128)
@@ -168,11 +179,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     elif refill is not None or staged:
         raise _gen.InputError("refill and staged apply to continuous batching (slots=N) only")
     if spec is not None:
-        kw = {}
-        if spec.method == "longspec":
-            d = load_drafter_for(model, drafter)
-            spec = dataclasses.replace(spec, window=d.window)
-            kw = dict(drafter=d.params)
+        kw = dict(drafter=d.params) if spec.method == "longspec" else {}
         if slots is not None:
             return _serve_spec(model, spec, samp, ids, capacity, max_new_tokens, stops, seed, impl, kw, slots, refill,
                                staged, progress)

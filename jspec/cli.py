@@ -61,10 +61,13 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     # up to 64 tokens per row), so on a GPU in bf16 a speculative method's greedy output equals `--exact` ar's.
     from jspec.attention import AttnImpl
     impl = AttnImpl(dense_rows=64 * batch) if exact else AttnImpl()
+    # The file and the flags go through as given (generate merges them as spec_config did above), so a
+    # longspec run that names no shape drafts the drafter's tuned one for this batch.
+    knobs = knobs if method != "ar" else {}
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=spec,
+                         top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=config,
                          drafter=drafter, impl=impl, slots=slots, refill=refill,
-                         staged=staged, progress=slots is not None)
+                         staged=staged, progress=slots is not None, **knobs)
     s = out.stats
     if as_json:
         print(json.dumps({"texts": out.texts, "tokens": out.tokens, "stats": vars(s)}))
@@ -90,10 +93,16 @@ def _widths(text: str) -> tuple:
 def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: int = 2048, batch: int = 1,
              max_new_tokens: int = 64, method: str = "vegas", ratios=None, gammas=None, gamma0=None,
              plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
-             jobs=None, out: str = "tune.json", progress: bool = True, trees=None, drafter=None) -> dict:
+             jobs=None, out: str = "tune.json", progress: bool = True, trees=None, drafter=None,
+             save_shape: bool = False) -> dict:
     """Vegas' three-stage tuning, or LongSpec's draft-shape search (jspec/speculative/tune.py) on `model`;
-    writes the chosen config to `out`."""
+    writes the chosen config to `out`; with save_shape (longspec), also the chosen shape into the drafter's
+    tuned.json for this batch size."""
+    import os
+
     import jspec
+    if save_shape and method != "longspec":
+        raise jspec.InputError("--save-shape applies to --method longspec only")
     from jspec.attention import AttnImpl
     from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, DEFAULT_TREES, tune
 
@@ -105,10 +114,18 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: in
     if prompt_file is not None:
         prompts = open(prompt_file, encoding="utf-8").read()
     backend = {"auto": None, "xla": "xla", "pallas": "pallas"}[impl]
-    return tune(m, prompts=prompts, prompt_tokens=prompt_tokens, batch=batch, max_new_tokens=max_new_tokens,
-                method=method, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
-                min_tokens=min_tokens, reps=reps, impl=AttnImpl(backend=backend), jobs=jobs, progress=progress,
-                out=out, trees=trees, drafter=drafter)
+    res = tune(m, prompts=prompts, prompt_tokens=prompt_tokens, batch=batch, max_new_tokens=max_new_tokens,
+               method=method, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
+               min_tokens=min_tokens, reps=reps, impl=AttnImpl(backend=backend), jobs=jobs, progress=progress,
+               out=out, trees=trees, drafter=drafter)
+    if save_shape:   # the drafter drafts this shape at this batch size from now on (jspec.generate)
+        from jspec.drafter import write_shape
+        widths = [1] * res["gamma"] if res["mode"] == "chain" else res["tree_widths"]   # all ones: a chain
+        path = write_shape(res["drafter"], batch, widths, tau=round(res["tau"], 3),
+                           tokens_per_s=round(res["tokens_per_s"], 1), speedup_vs_ar=res.get("speedup_vs_ar"),
+                           prompt_tokens=res["prompt_tokens"], device=res["device"], tuned_config=os.path.abspath(out))
+        print(f"saved draft widths {','.join(map(str, widths))} for batch {batch} to {path}")
+    return res
 
 
 def _numbers(text: str, kind, flag: str) -> list:
@@ -161,7 +178,8 @@ def main(argv=None):
     g.add_argument("--topk", choices=["sort", "select"], default=None,
                    help="vegas: per-layer top-k by the threshold-search kernel (select, default) or lax.top_k (sort)")
     g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
-    g.add_argument("--widths", default=None, help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (the default)")
+    g.add_argument("--widths", default=None, help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape "
+                        "the drafter was tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")
     g.add_argument("--drafter", default=None, metavar="DIR",
                    help="longspec: drafter directory (default: the bundled checkpoints/drafters/<model>)")
     src = g.add_mutually_exclusive_group()
@@ -198,6 +216,9 @@ def main(argv=None):
                    help="longspec: candidate widths per level, ';'-separated (all ones = a chain; default "
                         "1,1,1,1,1;2,2,2,2,2;2,2,2,2,2,2,2;2,4,4,4;4,8,8,8,8;4,16,16,16,16;8,32,32,32)")
     u.add_argument("--drafter", default=None, help="longspec: drafter directory (default: the bundled one)")
+    u.add_argument("--save-shape", action="store_true",
+                   help="longspec: record the chosen shape in the drafter's tuned.json for this --batch, so "
+                        "`generate --method longspec` without --widths drafts it at this batch size")
     u.add_argument("--prompt-file", default=None, help="tune on this text (default: long stdlib documents)")
     u.add_argument("--prompt-tokens", type=int, default=2048, help="length of the default stdlib prompts")
     u.add_argument("--batch", type=int, default=1)

@@ -1,5 +1,6 @@
 """LongSpec drafter: training regimes against hand-computed cases, ring-buffer inference against the
-training forward, bounded cache, training / resume / export on a tiny model."""
+training forward, bounded cache, training / resume / export on a tiny model, the tuned draft shapes it
+carries (tuned.json: the by-batch rule, merging, bad files) and the bundled drafter's against their results."""
 import json
 import os
 
@@ -13,7 +14,7 @@ from jspec.api import Model
 from jspec.config import preset
 from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_bytes, drafter_forward_train,
                            drafter_prefill, drafter_step, init_drafter_cache, init_drafter_params, load_drafter,
-                           noisy_cross_len, sample_anchor_positions, save_drafter)
+                           noisy_cross_len, read_shapes, sample_anchor_positions, save_drafter, write_shape)
 from jspec.drafter.train import drafter_loss, lr_at, target_last_kv, train_drafter
 from jspec.model import forward
 
@@ -324,3 +325,54 @@ def test_bf16_export_roundtrip(tmp_path):
     size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
     n = sum(x.size for x in jax.tree.leaves(dp))
     assert 4_000_000 < n < 5_000_000 and size < 3 * n          # one block: ~4.3M params, ~9 MB in bf16
+
+
+# --- tuned draft shapes (tuned.json) ------------------------------------------------------------------------
+
+def test_tuned_shapes_by_batch(tmp_path):
+    cfg = preset("smollm2-135m")
+    path = save_drafter(str(tmp_path / "d"), init_drafter_params(cfg, jax.random.key(0), scale=0.05), cfg,
+                        window=256)
+    assert load_drafter(path).shapes == () and load_drafter(path).widths_for(16) is None
+    write_shape(path, 16, (2, 4, 4, 4), tau=2.7)
+    write_shape(path, 1, [2, 2, 2, 2, 2], source="b1.json")
+    write_shape(path, 16, (3, 3))                                    # the same batch again: replaced
+    d = load_drafter(path)
+    assert d.shapes == ((1, (2, 2, 2, 2, 2)), (16, (3, 3)))
+    assert [d.widths_for(b) for b in (1, 8, 15, 16, 64)] == [(2, 2, 2, 2, 2)] * 3 + [(3, 3)] * 2
+    doc = json.loads((tmp_path / "d" / "tuned.json").read_text())
+    assert [e["batch"] for e in doc["by_batch"]] == [1, 16] and doc["by_batch"][0]["source"] == "b1.json"
+    assert "tau" not in doc["by_batch"][1]                           # provenance belongs to its entry
+    only16 = d._replace(shapes=((16, (3, 3)),))
+    assert only16.widths_for(1) == (3, 3)                            # below every tuned batch: the smallest's
+    before = (tmp_path / "d" / "tuned.json").read_text()
+    for bad in ((0, (2, 2)), (4, ()), (4, (2, 0))):
+        with pytest.raises(ValueError, match=">= 1"):
+            write_shape(path, *bad)
+    assert (tmp_path / "d" / "tuned.json").read_text() == before     # a refused write leaves the file alone
+    assert [f for f in os.listdir(path) if f.startswith(".tuned")] == []
+    (tmp_path / "d" / "tuned.json").write_text('{"format": "jspec-drafter-shapes", "by_batch": [{"batch": 2}]}')
+    with pytest.raises(ValueError, match="bad entry"):
+        load_drafter(path)
+    with pytest.raises(ValueError, match="bad entry"):               # nor merged into
+        write_shape(path, 4, (2, 2))
+    (tmp_path / "d" / "tuned.json").write_text('{"by_batch": []}')
+    with pytest.raises(ValueError, match="not a jspec drafter shapes file"):
+        load_drafter(path)
+    save_drafter(path, d.params, cfg, window=256)                    # new weights: the old tuning goes
+    assert load_drafter(path).shapes == ()
+
+
+def test_bundled_drafter_shapes_are_the_tuned_results():
+    """checkpoints/drafters/smollm2-135m/tuned.json holds, per batch, the shape each committed H200 tune run
+    chose (bench/tuned_shapes.py wrote it from them)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    drafter = os.path.join(root, "checkpoints", "drafters", "smollm2-135m")
+    doc = json.load(open(os.path.join(drafter, "tuned.json")))
+    assert read_shapes(drafter) and len(doc["by_batch"]) == len(read_shapes(drafter))
+    for entry in doc["by_batch"]:
+        res = json.load(open(os.path.join(root, entry["source"])))
+        want = [1] * res["gamma"] if res["mode"] == "chain" else res["tree_widths"]
+        assert (res["method"], res["batch"], entry["tree_widths"]) == ("longspec", entry["batch"], want)
+        assert entry["tokens_per_s"] == round(res["tokens_per_s"], 1)
+        assert res["tokens_per_s"] == max(m["tokens_per_s"] for m in res["measurements"])

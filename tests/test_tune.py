@@ -208,8 +208,10 @@ def test_cli_flags_override_the_config(tuned, tiny, monkeypatch):
     res, path, _ = tuned
     seen = []
 
-    def fake_generate(m, prompts, *, method, config, **kw):
-        seen.append((method, config))
+    fields = {f.name for f in dataclasses.fields(SpecConfig)}
+
+    def fake_generate(m, prompts, *, method, config, **kw):   # the config generate will run
+        seen.append((method, jspec.api.spec_config(method, config, **{k: v for k, v in kw.items() if k in fields})))
         return jspec.Output(texts=[""], tokens=[[1]], stats=jspec.Stats(
             method=method, batch=1, prompt_tokens=[1], new_tokens=[1], prefill_s=0.0, decode_s=0.0,
             tokens_per_s=0.0))
@@ -318,3 +320,46 @@ def test_the_chosen_line_says_when_plain_decoding_is_faster():
     assert _vs_ar(80.0, 100.0) == {"ar_tokens_per_s": 100.0, "speedup_vs_ar": 0.8} and _vs_ar(80.0, None) == {}
     assert "0.80x ar" in _ar_note({"speedup_vs_ar": 0.8}) and "plain decoding is faster" in _ar_note({"speedup_vs_ar": 0.8})
     assert _ar_note({"speedup_vs_ar": 1.25}) == " (1.25x ar)" and _ar_note({}) == ""
+
+
+def test_generate_drafts_the_drafters_tuned_shape(tiny, tmp_path, monkeypatch, capsys):
+    """A longspec run that names no shape drafts the one the drafter was tuned with for its batch size (slots
+    when serving); named widths / mode win; `tune --save-shape` records the chosen shape; output stays
+    plain greedy's."""
+    from jspec.drafter import init_drafter_params, load_drafter, save_drafter, write_shape
+
+    d = str(tmp_path / "drafter")
+    save_drafter(d, init_drafter_params(tiny.cfg, jax.random.key(3), target_params=tiny.params), tiny.cfg,
+                 window=16, dtype="float32")
+    write_shape(d, 1, (2, 2))
+    write_shape(d, 2, (1, 1, 1))                                     # all ones: a chain of 3
+
+    def run(prompts, **kw):
+        out = jspec.generate(tiny, prompts, method="longspec", drafter=d, max_new_tokens=6, ignore_eos=True, **kw)
+        k = out.stats.knobs
+        return out, (k["mode"], tuple(k["tree_widths"]) if k["mode"] == "tree" else k["gamma"])
+
+    one, two = ["tune the tree"], ["tune the tree", "and its batch"]
+    ar = jspec.generate(tiny, two, method="ar", max_new_tokens=6, ignore_eos=True)
+    out, shape = run(one)
+    assert shape == ("tree", (2, 2)) and out.tokens == ar.tokens[:1]
+    out, shape = run(two)
+    assert shape == ("chain", 3) and out.tokens == ar.tokens
+    assert run(two, slots=1)[1] == ("tree", (2, 2))                  # one slot: batch 1's shape
+    assert run(two, tree_widths=(3,))[1] == ("tree", (3,))
+    assert run(one, mode="chain")[1] == ("chain", 4)
+    assert run(one, gamma=2)[1] == ("tree", SpecConfig.tree_widths)  # a named gamma: no tuned shape
+    # The CLI passes flags through as given: no --widths means the tuned shape.
+    monkeypatch.setattr(jspec, "load", lambda name: tiny)
+    argv = ["generate", "--method", "longspec", "--drafter", d, "--prompt", "hi", "--max-new-tokens", "4", "--json"]
+    for extra, want in (([], [2, 2]), (["--widths", "3,1"], [3, 1])):
+        assert cli.main(argv + extra) == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]["knobs"]["tree_widths"] == want
+    # tune --save-shape: the chosen shape becomes the drafter's at that batch size.
+    rc = cli.main(["tune", "--method", "longspec", "--drafter", d, "--trees", "2,1", "--batch", "2", "--prompt-tokens",
+                   "40", "--max-new-tokens", "4", "--reps", "1", "--jobs", "1", "--out", str(tmp_path / "t.json"),
+                   "--save-shape"])
+    assert rc == 0 and "saved draft widths 2,1 for batch 2" in capsys.readouterr().out
+    assert load_drafter(d).shapes == ((1, (2, 2)), (2, (2, 1)))
+    assert cli.main(["tune", "--method", "vegas", "--save-shape"]) == 2
+    assert "--save-shape applies to --method longspec only" in capsys.readouterr().err

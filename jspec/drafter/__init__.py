@@ -6,13 +6,13 @@ from .model import (DEFAULT_WINDOW, DrafterCache, attend, drafter_bytes, drafter
                     drafter_forward_train, drafter_prefill, drafter_step, drafter_tree_step, init_drafter_cache,
                     init_drafter_params)
 from .positions import anchor_positions, cross_mask, noisy_cross_len, sample_anchor_positions, sample_lag
-from .store import Drafter, load_drafter, save_drafter
+from .store import Drafter, load_drafter, read_shapes, save_drafter, write_shape
 
 __all__ = ["DEFAULT_WINDOW", "Drafter", "DrafterCache", "anchor_positions", "attend", "cross_mask", "drafter_bytes",
            "drafter_commit", "drafter_fill", "drafter_forward_train", "drafter_prefill", "drafter_step",
            "drafter_tree_step", "init_drafter_cache", "init_drafter_params",
-           "load_drafter", "noisy_cross_len", "sample_anchor_positions", "sample_lag", "save_drafter",
-           "train_drafter"]
+           "load_drafter", "noisy_cross_len", "read_shapes", "sample_anchor_positions", "sample_lag", "save_drafter",
+           "train_drafter", "write_shape"]
 
 
 def __getattr__(name):

@@ -3,6 +3,10 @@
     config.json  {"format": "jspec-drafter", "format_version": 1, "model": <target ModelConfig>, "window": W,
                   "dtype": "bfloat16", "params": {name: shape}, "meta": {...}}
     params/      Orbax StandardCheckpointHandler pytree
+    tuned.json   optional: the draft shapes measured fastest for this drafter, by batch size (`write_shape`,
+                 `jspec tune --method longspec --save-shape`): {"format": "jspec-drafter-shapes", "by_batch":
+                 [{"batch": B, "tree_widths": [...], ...provenance}, ...]}; `jspec.generate` drafts with
+                 `Drafter.widths_for(batch)` when the caller names no shape
 
 The embedding and LM head are not stored: they are the target's. `model` records the target config the
 block was trained against (its shapes and RoPE); `load_drafter` returns it so callers can check it matches.
@@ -22,6 +26,8 @@ from jspec.config import ModelConfig
 
 FORMAT = "jspec-drafter"
 FORMAT_VERSION = 1
+SHAPES_FILE = "tuned.json"
+SHAPES_FORMAT = "jspec-drafter-shapes"
 
 
 class Drafter(NamedTuple):
@@ -29,6 +35,15 @@ class Drafter(NamedTuple):
     cfg: ModelConfig    # the target config it was trained for
     window: int         # self-attention window W (the ring's size)
     meta: dict          # free-form: target path, steps, flags, final loss
+    shapes: tuple = ()  # ((batch, tree widths), ...) by batch: the tuned draft shapes (tuned.json), if any
+
+    def widths_for(self, batch: int) -> Optional[tuple]:
+        """The tree widths tuned at the largest batch <= `batch` (below every tuned batch: the smallest's), or
+        None when this drafter carries no tuned shapes."""
+        if not self.shapes:
+            return None
+        fits = [w for b, w in self.shapes if b <= batch]
+        return fits[-1] if fits else self.shapes[0][1]
 
 
 def save_drafter(path: str, dparams: dict, cfg: ModelConfig, *, window: int, dtype: str = "bfloat16",
@@ -83,7 +98,58 @@ def load_drafter(path: str, *, dtype: Optional[str] = None) -> Drafter:
     if dtype is not None:
         params = jax.tree.map(lambda x: x.astype(_np_dtype(dtype)), params)
     return Drafter(params=params, cfg=ModelConfig.from_dict(meta["model"]), window=int(meta["window"]),
-                   meta=meta.get("meta", {}))
+                   meta=meta.get("meta", {}), shapes=read_shapes(path))
+
+
+def read_shapes(path: str) -> tuple:
+    """((batch, tree widths), ...) sorted by batch from `path`/tuned.json; () when there is no such file.
+    Raises ValueError when it exists but is not a valid shapes file."""
+    file = os.path.join(path, SHAPES_FILE)
+    if not os.path.isfile(file):
+        return ()
+    with open(file) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or doc.get("format") != SHAPES_FORMAT:
+        raise ValueError(f"{file} is not a jspec drafter shapes file (format {SHAPES_FORMAT!r} expected)")
+    shapes = {}
+    for e in doc.get("by_batch", []):
+        try:
+            b, w = int(e["batch"]), tuple(int(x) for x in e["tree_widths"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{file}: bad entry {e!r} (needs batch and tree_widths)") from None
+        if b < 1 or not w or min(w) < 1:
+            raise ValueError(f"{file}: bad entry {e!r} (batch >= 1, widths >= 1)")
+        shapes[b] = w
+    return tuple(sorted(shapes.items()))
+
+
+def write_shape(path: str, batch: int, tree_widths, **provenance) -> str:
+    """Record `tree_widths` as the drafter's tuned shape at `batch` in `path`/tuned.json (an entry for the same
+    batch is replaced, others kept), with free-form provenance (tokens/s, speedup, device, source). Written
+    atomically (temp file + rename). Returns the file's path."""
+    widths = [int(w) for w in tree_widths]
+    if int(batch) < 1 or not widths or min(widths) < 1:
+        raise ValueError(f"batch {batch} and tree widths {widths} must be >= 1")
+    file = os.path.join(path, SHAPES_FILE)
+    read_shapes(path)   # an existing file must be valid before it is merged into
+    doc = {"format": SHAPES_FORMAT, "by_batch": []}
+    if os.path.isfile(file):
+        with open(file) as f:
+            doc = json.load(f)
+    entries = [e for e in doc.get("by_batch", []) if int(e["batch"]) != int(batch)]
+    entries.append({"batch": int(batch), "tree_widths": widths, **provenance})
+    doc["by_batch"] = sorted(entries, key=lambda e: int(e["batch"]))
+    fd, tmp = tempfile.mkstemp(prefix=".tuned.", suffix=".json", dir=path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+            f.write("\n")
+        os.replace(tmp, file)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return file
 
 
 def _np_dtype(name: str):
