@@ -64,21 +64,15 @@ def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) ->
 
 
 def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal, block_k, per_split,
-                  score_mode, score_end_row, n_sel, multi_row_blocks, tree=False):
+                  score_mode, score_end_row, n_sel, multi_row_blocks):
     """One program: a block of packed query rows of one KV head against one split of the keys.
 
     layer_ref, kv_len_ref: [] int32; q_ref: [bm, H]; k_ref, v_ref: [L, S, H] (this batch and KV head, every
     layer; the kernel reads layer `layer_ref` in place).
-    tree: first of refs is tb_ref [W, bm] int32, each packed row's tree-mask row as W 32-bit words: row t sees
-    every key < kv_len - T (the prefix) and tree slot kv_len - T + j iff bit j % 32 of word j // 32 is set
-    (causal is then ignored). Bits, not a gathered [T, T] mask: the masked step stays elementwise.
     Optional qs_ref [Rp, H], st_ref [Rp] int32, sw_ref [Rp] f32: the (distinct) score rows' queries,
     their row index t and multiplicity in score_rows (0 for padding).
     Outputs: o_ref [bm, H], lse_ref [bm] (this split); sc_ref [Rp, S] logits or [S] row-summed logits.
     """
-    if tree:
-        tb_ref, *refs = refs
-        words = [tb_ref[w, :] for w in range(tb_ref.shape[0])]   # [bm] each, loaded once
     if score_mode:
         qs_ref, st_ref, sw_ref, o_ref, lse_ref, sc_ref = refs
     else:
@@ -91,10 +85,7 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
 
     # Row r = t*G + g; bottom-right causal: row t sees keys j < kv_len - T + t + 1.
     t = (m_blk * block_m + jnp.arange(block_m)) // G
-    if tree:   # every row sees the whole prefix; the tree slots after it through the mask
-        row_end = jnp.full((block_m,), kv_len - T)
-        full_end, end = kv_len - T, kv_len
-    elif causal:
+    if causal:
         row_end = jnp.minimum(kv_len - T + t + 1, kv_len)  # padded rows (t >= T) stop at kv_len
         full_end = kv_len - T + (m_blk * block_m) // G + 1  # keys every row of the block sees
         end = kv_len - T + jnp.minimum(T - 1, (m_blk * block_m + block_m - 1) // G) + 1
@@ -142,14 +133,7 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
                 v = v_ref[layer, pl.ds(start, block_k), :]
             s = C.dot_nt(q, k) * scale2
             if masked:
-                seen = pos[None, :] < row_end[:, None]
-                if tree:
-                    rel = pos - (kv_len - T)                       # tree slot of each key
-                    for w, word in enumerate(words):
-                        r = rel - 32 * w
-                        bit = jnp.right_shift(word[:, None], jnp.clip(r, 0, 31)[None, :]) & 1
-                        seen = seen | (((r >= 0) & (r < 32) & (rel < T))[None, :] & (bit != 0))
-                s = jnp.where(seen, s, -jnp.inf)
+                s = jnp.where(pos[None, :] < row_end[:, None], s, -jnp.inf)
             if score_mode:
                 if multi_row_blocks:
                     pl.when(is_score_prog)(lambda: scores(start, pos, k, masked))
@@ -163,11 +147,9 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
 
 
 def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, interpret, out_dtype, layer=None,
-                   qsel=None, sel_t=None, sel_w=None, score_mode=None, score_end_row=0, n_sel=0, tree_mask=None):
+                   qsel=None, sel_t=None, sel_w=None, score_mode=None, score_end_row=0, n_sel=0):
     """Launches the kernel on packed queries qp [B,K,Mp,H] (Mp a multiple of block_m) against k, v
-    [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a `layer` index, traced or not). tree_mask [B,T,T]:
-    the T rows are tree nodes in the last T of kv_len slots, seeing the prefix before them and the tree
-    slots their mask row allows (`tree_attention`).
+    [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a `layer` index, traced or not).
 
     Returns o [P,B,K,Mp,H] (out_dtype, each split normalised over its own keys), lse [P,B,K,Mp] and,
     with score_mode, the raw score-row logits [B,K,Rp,S] ("weights"; `logit_dtype(qp.dtype)`) or their row
@@ -187,8 +169,7 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
         out_dtype = jnp.float32  # partials are combined in f32
     kernel = functools.partial(
         _flash_kernel, T=T, G=G, sm_scale=sm_scale, causal=causal, block_k=block_k, per_split=per_split,
-        score_mode=score_mode, score_end_row=score_end_row, n_sel=n_sel, multi_row_blocks=n_m > 1,
-        tree=tree_mask is not None)
+        score_mode=score_mode, score_end_row=score_end_row, n_sel=n_sel, multi_row_blocks=n_m > 1)
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
     in_specs = [
@@ -198,11 +179,6 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
         kv_spec,
         kv_spec,
     ]
-    args = [layer, kv_len.astype(jnp.int32), qp, k, v]
-    if tree_mask is not None:
-        bits = tree_bits(tree_mask, G, Mp)
-        in_specs.append(pl.BlockSpec((None, bits.shape[1], block_m), lambda b, h, m, s: (b, 0, m)))
-        args.append(bits)
     out_specs = [
         pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
         pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m)),
@@ -211,6 +187,7 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
         jax.ShapeDtypeStruct((splits, B, K, Mp, H), out_dtype),
         jax.ShapeDtypeStruct((splits, B, K, Mp), jnp.float32),
     ]
+    args = [layer, kv_len.astype(jnp.int32), qp, k, v]
     if score_mode:
         Rp = qsel.shape[2]
         in_specs += [pl.BlockSpec((None, None, Rp, H), lambda b, h, m, s: (b, h, 0, 0)),
@@ -233,17 +210,6 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
         interpret=interpret,
         name="flash_scores",
     )(*args)
-
-
-def tree_bits(tree_mask, G: int, Mp: int):
-    """bool [B, T, T] tree mask -> int32 [B, W, Mp]: packed row r = t*G + g's mask row t as W = ceil(T / 32)
-    words (bit j % 32 of word j // 32 = tree_mask[b, t, j]); padding rows (t >= T) see no tree slot."""
-    B, T, _ = tree_mask.shape
-    W = C.cdiv(T, 32)
-    m = jnp.pad(tree_mask.astype(jnp.uint32), ((0, 0), (0, 0), (0, 32 * W - T))).reshape(B, T, W, 32)
-    words = jnp.sum(m << jnp.arange(32, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)   # [B, T, W], bits disjoint
-    rows = jnp.pad(jnp.repeat(words, G, axis=1), ((0, 0), (0, Mp - T * G), (0, 0)))
-    return jax.lax.bitcast_convert_type(rows, jnp.int32).transpose(0, 2, 1)
 
 
 def _weights_kernel(kv_len_ref, sc_ref, lse_ref, sel_ref, st_ref, sw_ref, w_ref, *, T, R, block_s):
