@@ -63,6 +63,7 @@ CASES = [
     (2, 16, 8, 8, 128, 96, F32, BS(block_m=16, block_k=16, num_splits=3)),  # G=1, split prefix, 1 tree block
     (2, 20, 32, 4, 64, 80, BF16, BS(block_m=32, block_k=16)),  # G=8, row blocks, several tree blocks
     (2, 12, 8, 2, 128, 48, BF16, None),  # G=4
+    (2, 45, 6, 2, 64, 112, F32, BS(block_m=32, block_k=16, num_splits=2)),  # a deeper tree: 3 tree key blocks
 ]
 
 
