@@ -376,3 +376,19 @@ def test_bundled_drafter_shapes_are_the_tuned_results():
         assert (res["method"], res["batch"], entry["tree_widths"]) == ("longspec", entry["batch"], want)
         assert entry["tokens_per_s"] == round(res["tokens_per_s"], 1)
         assert res["tokens_per_s"] == max(m["tokens_per_s"] for m in res["measurements"])
+
+
+def test_bundled_drafters_ship_in_the_wheel():
+    """pyproject's package-data globs cover every file of checkpoints/drafters, so a wheel install (not only an
+    editable one) finds the bundled drafter (setuptools expands them like glob(recursive=True))."""
+    import glob
+    import tomllib
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        patterns = tomllib.load(f)["tool"]["setuptools"]["package-data"]["checkpoints"]
+    pkg = os.path.join(root, "checkpoints")
+    covered = {p for pat in patterns for p in glob.glob(pat, root_dir=pkg, recursive=True)
+               if os.path.isfile(os.path.join(pkg, p))}
+    files = {os.path.relpath(os.path.join(r, f), pkg) for r, _, fs in os.walk(os.path.join(pkg, "drafters")) for f in fs}
+    assert files and "drafters/smollm2-135m/tuned.json" in files and files <= covered, sorted(files - covered)[:5]
