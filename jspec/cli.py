@@ -178,8 +178,9 @@ def main(argv=None):
     g.add_argument("--topk", choices=["sort", "select"], default=None,
                    help="vegas: per-layer top-k by the threshold-search kernel (select, default) or lax.top_k (sort)")
     g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
-    g.add_argument("--widths", default=None, help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape "
-                        "the drafter was tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")
+    g.add_argument("--widths", default=None,
+                   help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape the drafter was "
+                        "tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")
     g.add_argument("--drafter", default=None, metavar="DIR",
                    help="longspec: drafter directory (default: the bundled checkpoints/drafters/<model>)")
     src = g.add_mutually_exclusive_group()

@@ -351,6 +351,9 @@ def test_tuned_shapes_by_batch(tmp_path):
             write_shape(path, *bad)
     assert (tmp_path / "d" / "tuned.json").read_text() == before     # a refused write leaves the file alone
     assert [f for f in os.listdir(path) if f.startswith(".tuned")] == []
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(os.path.join(path, "tuned.json")).st_mode & 0o777 == 0o666 & ~mask
     (tmp_path / "d" / "tuned.json").write_text('{"format": "jspec-drafter-shapes", "by_batch": [{"batch": 2}]}')
     with pytest.raises(ValueError, match="bad entry"):
         load_drafter(path)
@@ -390,5 +393,6 @@ def test_bundled_drafters_ship_in_the_wheel():
     pkg = os.path.join(root, "checkpoints")
     covered = {p for pat in patterns for p in glob.glob(pat, root_dir=pkg, recursive=True)
                if os.path.isfile(os.path.join(pkg, p))}
-    files = {os.path.relpath(os.path.join(r, f), pkg) for r, _, fs in os.walk(os.path.join(pkg, "drafters")) for f in fs}
+    files = {os.path.relpath(os.path.join(r, f), pkg)
+             for r, _, fs in os.walk(os.path.join(pkg, "drafters")) for f in fs}
     assert files and "drafters/smollm2-135m/tuned.json" in files and files <= covered, sorted(files - covered)[:5]

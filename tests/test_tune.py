@@ -356,9 +356,9 @@ def test_generate_drafts_the_drafters_tuned_shape(tiny, tmp_path, monkeypatch, c
         assert cli.main(argv + extra) == 0
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]["knobs"]["tree_widths"] == want
     # tune --save-shape: the chosen shape becomes the drafter's at that batch size.
-    rc = cli.main(["tune", "--method", "longspec", "--drafter", d, "--trees", "2,1", "--batch", "2", "--prompt-tokens",
-                   "40", "--max-new-tokens", "4", "--reps", "1", "--jobs", "1", "--out", str(tmp_path / "t.json"),
-                   "--save-shape"])
+    rc = cli.main(["tune", "--method", "longspec", "--drafter", d, "--trees", "2,1", "--batch", "2",
+                   "--prompt-tokens", "40", "--max-new-tokens", "4", "--reps", "1", "--jobs", "1",
+                   "--out", str(tmp_path / "t.json"), "--save-shape"])
     assert rc == 0 and "saved draft widths 2,1 for batch 2" in capsys.readouterr().out
     assert load_drafter(d).shapes == ((1, (2, 2)), (2, (2, 1)))
     assert cli.main(["tune", "--method", "vegas", "--save-shape"]) == 2

@@ -131,9 +131,8 @@ def write_shape(path: str, batch: int, tree_widths, **provenance) -> str:
     if int(batch) < 1 or not widths or min(widths) < 1:
         raise ValueError(f"batch {batch} and tree widths {widths} must be >= 1")
     file = os.path.join(path, SHAPES_FILE)
-    read_shapes(path)   # an existing file must be valid before it is merged into
     doc = {"format": SHAPES_FORMAT, "by_batch": []}
-    if os.path.isfile(file):
+    if read_shapes(path):   # an existing file must be valid before it is merged into
         with open(file) as f:
             doc = json.load(f)
     entries = [e for e in doc.get("by_batch", []) if int(e["batch"]) != int(batch)]
@@ -141,6 +140,9 @@ def write_shape(path: str, batch: int, tree_widths, **provenance) -> str:
     doc["by_batch"] = sorted(entries, key=lambda e: int(e["batch"]))
     fd, tmp = tempfile.mkstemp(prefix=".tuned.", suffix=".json", dir=path)
     try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)   # mkstemp makes it private (0600); this is an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1, default=str)
             f.write("\n")
