@@ -32,7 +32,7 @@ from jspec.speculative import SpecConfig, engine  # noqa: E402
 
 KINDS = (("flash_scores", "flash_scores"), ("tree_attention", "tree_attention"),
          ("sparse_attention", "sparse_attention"), ("topk_select", "topk_select"), ("score_weights", "score_weights"),
-         ("gemm", "gemm"), ("xmma", "gemm"), ("cutlass", "gemm"), ("memcpy", "memcpy"), ("memset", "memcpy"),
+         ("gemm", "gemm"), ("nvjet", "gemm"), ("xmma", "gemm"), ("cutlass", "gemm"), ("memcpy", "memcpy"), ("memset", "memcpy"),
          ("reduce", "reduce fusion"), ("scatter", "scatter fusion"), ("dynamic_update_slice", "dus fusion"),
          ("fusion", "other fusion"))
 
