@@ -15,6 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jspec.drafter import write_shape  # noqa: E402
+from jspec.speculative.tune import draft_widths  # noqa: E402
 
 
 def main():
@@ -27,12 +28,15 @@ def main():
             res = json.load(f)
         if res.get("method") != "longspec":
             raise SystemExit(f"error: {path} is not a longspec tune result (method {res.get('method')!r})")
-        widths = [1] * res["gamma"] if res["mode"] == "chain" else res["tree_widths"]
-        out = write_shape(a.drafter, res["batch"], widths, tau=round(res["tau"], 3),
-                          tokens_per_s=round(res["tokens_per_s"], 1),
-                          speedup_vs_ar=round(res["speedup_vs_ar"], 3) if res.get("speedup_vs_ar") else None,
-                          prompt_tokens=res["prompt_tokens"], max_new_tokens=res["max_new_tokens"],
-                          device=res["device"], source=os.path.relpath(path))
+        widths = draft_widths(res)
+        try:
+            out = write_shape(a.drafter, res["batch"], widths, tau=round(res["tau"], 3),
+                              tokens_per_s=round(res["tokens_per_s"], 1),
+                              speedup_vs_ar=round(res["speedup_vs_ar"], 3) if res.get("speedup_vs_ar") else None,
+                              prompt_tokens=res["prompt_tokens"], max_new_tokens=res["max_new_tokens"],
+                              device=res["device"], source=os.path.relpath(path))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: {e}") from None
         print(f"batch {res['batch']}: {','.join(map(str, widths))} -> {out}")
 
 

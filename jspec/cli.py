@@ -104,7 +104,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: in
     if save_shape and method != "longspec":
         raise jspec.InputError("--save-shape applies to --method longspec only")
     from jspec.attention import AttnImpl
-    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, DEFAULT_TREES, tune
+    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
 
     ratios = _numbers(ratios, float, "--ratios") if ratios is not None else DEFAULT_RATIOS
     gammas = _numbers(gammas, int, "--gammas") if gammas is not None else DEFAULT_GAMMAS
@@ -120,7 +120,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: in
                out=out, trees=trees, drafter=drafter)
     if save_shape:   # the drafter drafts this shape at this batch size from now on (jspec.generate)
         from jspec.drafter import write_shape
-        widths = [1] * res["gamma"] if res["mode"] == "chain" else res["tree_widths"]   # all ones: a chain
+        widths = draft_widths(res)
         path = write_shape(res["drafter"], batch, widths, tau=round(res["tau"], 3),
                            tokens_per_s=round(res["tokens_per_s"], 1), speedup_vs_ar=res.get("speedup_vs_ar"),
                            prompt_tokens=res["prompt_tokens"], device=res["device"], tuned_config=os.path.abspath(out))

@@ -349,6 +349,8 @@ def test_tuned_shapes_by_batch(tmp_path):
     for bad in ((0, (2, 2)), (4, ()), (4, (2, 0))):
         with pytest.raises(ValueError, match=">= 1"):
             write_shape(path, *bad)
+    with pytest.raises(FileNotFoundError, match="not a drafter directory"):
+        write_shape(str(tmp_path / "nowhere"), 4, (2, 2))
     assert (tmp_path / "d" / "tuned.json").read_text() == before     # a refused write leaves the file alone
     assert [f for f in os.listdir(path) if f.startswith(".tuned")] == []
     mask = os.umask(0)
@@ -369,14 +371,17 @@ def test_tuned_shapes_by_batch(tmp_path):
 def test_bundled_drafter_shapes_are_the_tuned_results():
     """checkpoints/drafters/smollm2-135m/tuned.json holds, per batch, the shape each committed H200 tune run
     chose (bench/tuned_shapes.py wrote it from them)."""
+    from jspec.speculative.tune import draft_widths
+
+    assert draft_widths({"mode": "chain", "gamma": 3, "tree_widths": [4, 16]}) == [1, 1, 1]
+    assert draft_widths({"mode": "tree", "gamma": 4, "tree_widths": [2, 4]}) == [2, 4]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     drafter = os.path.join(root, "checkpoints", "drafters", "smollm2-135m")
     doc = json.load(open(os.path.join(drafter, "tuned.json")))
     assert read_shapes(drafter) and len(doc["by_batch"]) == len(read_shapes(drafter))
     for entry in doc["by_batch"]:
         res = json.load(open(os.path.join(root, entry["source"])))
-        want = [1] * res["gamma"] if res["mode"] == "chain" else res["tree_widths"]
-        assert (res["method"], res["batch"], entry["tree_widths"]) == ("longspec", entry["batch"], want)
+        assert (res["method"], res["batch"], entry["tree_widths"]) == ("longspec", entry["batch"], draft_widths(res))
         assert entry["tokens_per_s"] == round(res["tokens_per_s"], 1)
         assert res["tokens_per_s"] == max(m["tokens_per_s"] for m in res["measurements"])
 

@@ -130,6 +130,8 @@ def write_shape(path: str, batch: int, tree_widths, **provenance) -> str:
     widths = [int(w) for w in tree_widths]
     if int(batch) < 1 or not widths or min(widths) < 1:
         raise ValueError(f"batch {batch} and tree widths {widths} must be >= 1")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path} is not a drafter directory (no config.json)")
     file = os.path.join(path, SHAPES_FILE)
     doc = {"format": SHAPES_FORMAT, "by_batch": []}
     if read_shapes(path):   # an existing file must be valid before it is merged into

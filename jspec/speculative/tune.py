@@ -422,6 +422,12 @@ def write_config(path: str, config: dict) -> str:
     return path
 
 
+def draft_widths(result: dict) -> list:
+    """The draft shape a longspec tuning result chose, as widths per level (a chain of g steps: g ones), the form
+    a drafter's tuned.json keeps (`jspec.drafter.write_shape`)."""
+    return [1] * int(result["gamma"]) if result["mode"] == "chain" else [int(w) for w in result["tree_widths"]]
+
+
 def read_config(src) -> dict:
     """The SpecConfig fields of a tuned config: a JSON file path, its dict, or a SpecConfig.
 
