@@ -24,11 +24,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import base_record, write_json  # noqa: E402
+from bench.serve import spec_for  # noqa: E402
 from bench.spec import GREEDY, _CachedTokenizer, _shape, make_prompts, prompt_sources  # noqa: E402
 import jspec  # noqa: E402
 from jspec import api, decoding as gen, kv_cache  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
-from jspec.speculative import SpecConfig, engine  # noqa: E402
+from jspec.speculative import engine  # noqa: E402
 
 KINDS = (("flash_scores", "flash_scores"), ("tree_attention", "tree_attention"),
          ("sparse_attention", "sparse_attention"), ("topk_select", "topk_select"), ("score_weights", "score_weights"),
@@ -40,12 +41,6 @@ KINDS = (("flash_scores", "flash_scores"), ("tree_attention", "tree_attention"),
 def kind(name):
     low = name.lower()
     return next((k for pat, k in KINDS if pat in low), "other")
-
-
-def spec_for(name, a):
-    if name == "longspec":
-        return SpecConfig("longspec", tree_widths=tuple(int(w) for w in a.widths.split(",")))
-    return SpecConfig(name, gamma=a.gamma, budget=a.budget)
 
 
 def main():

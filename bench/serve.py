@@ -38,7 +38,8 @@ from jspec.attention import AttnImpl  # noqa: E402
 from jspec.speculative import SpecConfig, engine, serve  # noqa: E402
 
 
-def _spec(name, a):
+def spec_for(name, a):
+    """The SpecConfig a benchmark runs for method `name` from its --gamma / --budget / --widths flags."""
     if name == "longspec":
         return SpecConfig("longspec", tree_widths=tuple(int(w) for w in a.widths.split(",")))
     return SpecConfig(name, gamma=a.gamma, budget=a.budget)
@@ -85,7 +86,7 @@ def main():
             yield jnp.asarray(prompts[i:i + B])
 
     for name in methods:
-        spec = None if name == "ar" else _spec(name, a)
+        spec = None if name == "ar" else spec_for(name, a)
         drafter = None
         if name == "longspec":
             d = api.load_drafter_for(m, None)
