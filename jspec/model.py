@@ -147,7 +147,8 @@ def _flat(w, start, stop=None):
 
 def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
             tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
-            score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None):
+            score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None,
+            positions=None):
     """Run T new tokens per sequence through the model, appending their K/V to the cache.
 
     Args:
@@ -167,8 +168,9 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     """
     B, T = tokens.shape
     start = cache.lengths
-    offs = tree.depth if tree is not None else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    positions = start[:, None] + offs
+    if positions is None:
+        offs = tree.depth if tree is not None else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        positions = start[:, None] + offs
     slots = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
     kv_len = start + T
     eps = cfg.norm_eps

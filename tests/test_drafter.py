@@ -179,6 +179,25 @@ def test_target_last_kv_matches_plain_prefill():
     np.testing.assert_allclose(v, cache.v[-1], rtol=1e-5, atol=1e-5)
 
 
+def test_target_last_kv_at_anchor_positions_matches_tree_forward():
+    """At anchor-offset positions the causal prefill with explicit positions (the XLA path and the Pallas flash
+    kernel, interpreted) equals the tree-verification path given depth = positions and a causal mask."""
+    from jspec.attention import AttnImpl
+    from jspec.model import Tree
+    cfg, tp = _tiny(head_dim=64)
+    B, T = 2, 24
+    tokens = jax.random.randint(jax.random.key(6), (B, T), 0, cfg.vocab_size)
+    pos = jnp.stack([anchor_positions(T, 3, 200), anchor_positions(T, 0, 57)]).astype(jnp.int32)
+    causal = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    logits, cache, _ = forward(tp, cfg, tokens, kv_cache.init(cfg, batch=B, capacity=T, dtype=jnp.float32),
+                               tree=Tree(depth=pos, mask=causal))
+    for impl in (AttnImpl(backend="xla"), AttnImpl(backend="pallas", interpret=True)):
+        k, v, lg = target_last_kv(tp, cfg, tokens, pos, impl=impl, with_logits=True)
+        np.testing.assert_allclose(k, cache.k[-1], rtol=1e-4, atol=1e-4)     # f32 rounding over the layers
+        np.testing.assert_allclose(v, cache.v[-1], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(lg, logits, rtol=1e-3, atol=1e-3)
+
+
 # --- training, resume, export ------------------------------------------------------------------------------
 
 class _ByteTokenizer:

@@ -35,7 +35,7 @@ from jspec.drafter import data as ddata
 from jspec.drafter.model import DEFAULT_WINDOW, drafter_forward_train, init_drafter_params
 from jspec.drafter.positions import noisy_cross_len, sample_anchor_positions, sample_lag
 from jspec.drafter.store import save_drafter
-from jspec.model import Tree, forward
+from jspec.model import forward
 
 # Settings that must match between a run and its resumption (anything else may change, e.g. stop_at).
 _RESUME_KEYS = ("batch", "seq_len", "lr", "warmup", "steps", "seed", "window", "anchor_offset", "noisy_xattn",
@@ -79,16 +79,15 @@ def target_last_kv(tparams, cfg: ModelConfig, tokens, positions, *, impl: AttnIm
     """The frozen target's last-layer K/V [B, T, K, H] for `tokens` at arbitrary `positions` int32[B, T]
     (and, with_logits, its next-token logits f32[B, T, V] at every row).
 
-    jspec.model.forward places token t at position lengths + tree.depth[t] and lets it see the tree slots its
-    mask allows; an empty cache, depth = positions and a lower-triangular mask is exactly a causal prefill
-    at anchor-offset positions, through the one forward path (without logits, only one row is built).
+    A causal prefill into an empty cache with explicit RoPE `positions` (jspec.model.forward's `positions`):
+    the attention is the plain causal one, so the Pallas flash kernel runs it when impl allows (no [T, T]
+    mask is built). Without logits, only one row's logits are built.
     """
     B, T = tokens.shape
     cache = kv_cache.init(cfg, batch=B, capacity=T, dtype=tparams["embed"].dtype)
-    causal = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
-    tree = Tree(depth=positions.astype(jnp.int32), mask=causal)
     rows = None if with_logits else jnp.zeros((B, 1), jnp.int32)
-    logits, cache, _ = forward(tparams, cfg, tokens, cache, logits_at=rows, tree=tree, impl=impl)
+    logits, cache, _ = forward(tparams, cfg, tokens, cache, logits_at=rows, positions=positions.astype(jnp.int32),
+                               impl=impl)
     kv = jax.lax.stop_gradient(cache.k[-1]), jax.lax.stop_gradient(cache.v[-1])
     return (*kv, jax.lax.stop_gradient(logits)) if with_logits else kv
 
