@@ -11,9 +11,13 @@
 #                                        # training folder (SELFGEN_S seconds, bench/selfgen.py); then main/pair
 #   bash bench/drafter_h200.sh selfgen2  # two GPUs: continuations with seeds 0 and 1 at once (SELFGEN_B rows per
 #                                        # batch), then the folder /root/drafter-train-sg = training text + both
-#   bash bench/drafter_h200.sh long      # one distilled run of STEPS steps on /root/drafter-train-sg on GPU $GPU,
-#                                        # BUDGET_S seconds per call: a later call continues it (--resume);
-#                                        # snapshots every EVERY steps stay in /root/drafter-runs/long
+#   bash bench/drafter_h200.sh selfgen1  # one GPU: continuations with seed 0 for SELFGEN_S seconds, then the folder
+#                                        # /root/drafter-train-sg = training text + them; $OUT/selfgen.tar.gz keeps
+#                                        # the generated files (carry them back as .carry/selfgen to skip this)
+#   bash bench/drafter_h200.sh long      # one distilled run (named RUN, default long) of STEPS steps on
+#                                        # /root/drafter-train-sg on GPU $GPU, BUDGET_S seconds per call: a later
+#                                        # call continues it (--resume); snapshots every EVERY steps stay in
+#                                        # /root/drafter-runs/$RUN
 # TRAIN_SRC: where the training text lies (default .carry/train).
 # Training text: the corpus files in .carry/train (kjv, jargon, python-docs, Mansfield Park, stdtypes.rst) and
 # the machine's stdlib (.py, tests excluded), minus every text the benchmarks draw prompts from (held out:
@@ -78,7 +82,14 @@ case "$mode" in
             wait
             rm -rf "$data-sg" && mkdir -p "$data-sg" && cp "$data"/* "$data-sg/" && cp -r /root/selfgen0 /root/selfgen1 "$data-sg/"
             tail -qn1 "$OUT"/selfgen*_log.txt; du -sh "$data-sg" ;;
-  long) run=/root/drafter-runs/long
+  selfgen1) if [ -d .carry/selfgen ]; then mkdir -p /root/selfgen0 && tar -C /root/selfgen0 -xzf .carry/selfgen/selfgen.tar.gz
+            else python3 bench/selfgen.py --data "$data" --out /root/selfgen0 --seed 0 --budget-s "${SELFGEN_S:-300}" \
+                   --batch "${SELFGEN_B:-256}" > "$OUT/selfgen0_log.txt" 2>&1
+                 tail -n1 "$OUT/selfgen0_log.txt"; tar -C /root/selfgen0 -czf "$OUT/selfgen.tar.gz" .
+            fi
+            rm -rf "$data-sg" && mkdir -p "$data-sg" && cp "$data"/* "$data-sg/" && cp -r /root/selfgen0 "$data-sg/"
+            du -sh "$data-sg" ;;
+  long) run=/root/drafter-runs/${RUN:-long}
         [ -d "$data-sg" ] || { echo "error: $data-sg is missing: run 'bash bench/drafter_h200.sh selfgen2' first" >&2; exit 2; }
         if [ -d "$run/ckpt" ]; then again=--resume; else again=--overwrite; fi
         CUDA_VISIBLE_DEVICES=${GPU:-0} python3 bench/train_drafter.py --data "$data-sg" --out $run --objective distill \

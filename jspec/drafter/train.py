@@ -152,7 +152,7 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
                   weight_decay: float = 0.1, ckpt_every: int = 500, eval_every: int = 0, n_eval_chunks: int = 8,
                   stop_at: Optional[int] = None, time_limit_s: Optional[float] = None,
                   tokens: Optional[np.ndarray] = None, stdlib_modules: Optional[Sequence[str]] = None,
-                  token_cache: Optional[str] = None, attn_backend: Optional[str] = "xla",
+                  token_cache: Optional[str] = None, attn_backend: Optional[str] = None,
                   objective: str = "ce", export_every: int = 0, plot: bool = True) -> dict:
     """Train the drafter block; resumable; exports the bf16 block to `out`/drafter.
 
@@ -173,7 +173,8 @@ def train_drafter(*, model: Any = "smollm2-135m", data_dir: Optional[str] = None
         checkpoint, without changing the schedule; resume later.
       tokens: a pre-tokenized int32 stream, used instead of data_dir (tests, custom pipelines).
       token_cache: folder for the tokenized-text cache (default `out`).
-      attn_backend: the target forward's attention ("xla", or None to try the Pallas kernels).
+      attn_backend: the target forward's attention: None (default) runs its causal prefill through the Pallas
+        flash kernel where it runs (XLA elsewhere); "xla" forces XLA; "pallas" requires the kernel.
       objective: "ce" (the text's next token) or "distill" (the target's next-token distribution, soft labels).
       export_every: also save the bf16 block to out/drafters/step_<N> every that many steps (0: off).
     Returns:
