@@ -19,11 +19,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 # The 2026-11-29 H200 runs (bench/results/drafter_distill_h200.json): tokens per step and final step.
 RUNS = {"d2048": dict(tokens_per_step=16 * 2048, final_step=1562, label="distilled, 16 x 2048 tokens/step"),
         "d8192": dict(tokens_per_step=4 * 8192, final_step=482, label="distilled, 4 x 8192 tokens/step"),
-        # bench/results/drafter_long_h200.json: the default since then
+        # bench/results/drafter_long_h200.json: the default from 2026-11-29 to 2026-12-02
         "long": dict(tokens_per_step=16 * 2048, final_step=3400,
-                     label="distilled, + self-generated text, 16 x 2048 tokens/step (default)")}
+                     label="distilled, + self-generated text, 16 x 2048 tokens/step (previous default)"),
+        # bench/results/drafter_long2_h200.json: the default since (Pallas target prefill: 2.1x the tokens/s)
+        "long2": dict(tokens_per_step=16 * 2048, final_step=5600,
+                      label="the same recipe, 183M tokens in 9.1 min of training (default)")}
 REFS = {"ce1400": dict(tokens=1400 * 16 * 2048, label="text cross-entropy, 16 x 2048 (first default)"),
-        "d2048-default": dict(tokens=1562 * 16 * 2048, label="the d2048 drafter re-measured beside `long`")}
+        "d2048-default": dict(tokens=1562 * 16 * 2048, label="the d2048 drafter re-measured beside `long`"),
+        "long-default": dict(tokens=3400 * 16 * 2048, label="the `long` drafter re-measured beside `long2`")}
 
 
 def main(*args):

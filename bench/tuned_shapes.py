@@ -22,6 +22,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("drafter", help="the drafter directory")
     ap.add_argument("results", nargs="+", help="tune result JSONs (method longspec)")
+    ap.add_argument("--note", default=None, help="recorded with each entry (e.g. which weights were tuned)")
     a = ap.parse_args()
     for path in a.results:
         with open(path) as f:
@@ -34,7 +35,8 @@ def main():
                               tokens_per_s=round(res["tokens_per_s"], 1),
                               speedup_vs_ar=round(res["speedup_vs_ar"], 3) if res.get("speedup_vs_ar") else None,
                               prompt_tokens=res["prompt_tokens"], max_new_tokens=res["max_new_tokens"],
-                              device=res["device"], source=os.path.relpath(path))
+                              device=res["device"], source=os.path.relpath(path),
+                              **({"note": a.note} if a.note else {}))
         except (OSError, ValueError) as e:
             raise SystemExit(f"error: {e}") from None
         print(f"batch {res['batch']}: {','.join(map(str, widths))} -> {out}")
