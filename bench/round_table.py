@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--shape", default="8000x16")
     ap.add_argument("--methods", default="ar,longspec")
     ap.add_argument("--widths", default="2,2,2,2,2", help="longspec tree widths")
+    ap.add_argument("--drafter", default=None, help="longspec drafter directory (default: the bundled one)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
@@ -87,7 +88,7 @@ def main():
         else:
             spec, drafter = spec_for(name, a), None
             if name == "longspec":
-                d = api.load_drafter_for(m, None)
+                d = api.load_drafter_for(m, a.drafter)
                 spec, drafter = dataclasses.replace(spec, window=d.window), d.params
 
             def fresh():
