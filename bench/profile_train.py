@@ -1,11 +1,11 @@
 """Where a drafter training step goes: wall time per step and, from a profiler trace, device time by kernel.
 
     PYTHONPATH=. python bench/profile_train.py --out $OUT/prof_train_h200.json [--batch 16 --seq-len 2048]
-        [--objective distill] [--attn xla|pallas] [--steps 6]
+        [--objective distill] [--attn pallas|xla] [--steps 6]
 
 The step is `jspec.drafter.train._train_step` as `jspec train-drafter` runs it (anchor-offset positions,
-noisy cross-attention, the chosen objective), on random tokens (timing does not depend on the text).
---impl-cpu is a CPU smoke test with a tiny shape.
+noisy cross-attention, the chosen objective), on random tokens (timing does not depend on the text). On a
+CPU (a smoke test: --batch 1 --seq-len 64 --attn xla) the trace holds no kernels.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--objective", default="distill", choices=T.OBJECTIVES)
-    ap.add_argument("--attn", default="xla", help="the target forward's attention backend (train-drafter's)")
+    ap.add_argument("--attn", default="pallas", choices=["pallas", "xla"],
+                    help="the target forward's attention (train-drafter's default: pallas where it runs)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps (after two compiling ones)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--tag", default="")
