@@ -90,8 +90,8 @@ def _widths(text: str) -> tuple:
         raise SystemExit(f"error: --widths {text!r} must be comma-separated integers, e.g. 4,16,16,16,16") from None
 
 
-def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: int = 2048, batch: int = 1,
-             max_new_tokens: int = 64, method: str = "vegas", ratios=None, gammas=None, gamma0=None,
+def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, prompt_tokens: int = 2048,
+             batch: int = 1, max_new_tokens: int = 64, method: str = "vegas", ratios=None, gammas=None, gamma0=None,
              plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
              jobs=None, out: str = "tune.json", progress: bool = True, trees=None, drafter=None,
              save_shape: bool = False) -> dict:
@@ -103,6 +103,8 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: in
     import jspec
     if save_shape and method != "longspec":
         raise jspec.InputError("--save-shape applies to --method longspec only")
+    if prompt_file is not None and prompt_dir is not None:
+        raise jspec.InputError("give --prompt-file or --prompt-dir, not both")
     from jspec.attention import AttnImpl
     from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
 
@@ -113,6 +115,9 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_tokens: in
     prompts = None
     if prompt_file is not None:
         prompts = open(prompt_file, encoding="utf-8").read()
+    elif prompt_dir is not None:   # rows take turns over the folder's files (e.g. code and prose)
+        from jspec.data import dir_prompts
+        prompts = dir_prompts(prompt_dir, m.tokenizer, prompt_tokens, batch)
     backend = {"auto": None, "xla": "xla", "pallas": "pallas"}[impl]
     res = tune(m, prompts=prompts, prompt_tokens=prompt_tokens, batch=batch, max_new_tokens=max_new_tokens,
                method=method, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
@@ -221,7 +226,11 @@ def main(argv=None):
                    help="longspec: record the chosen shape in the drafter's tuned.json for this --batch, so "
                         "`generate --method longspec` without --widths drafts it at this batch size")
     u.add_argument("--prompt-file", default=None, help="tune on this text (default: long stdlib documents)")
-    u.add_argument("--prompt-tokens", type=int, default=2048, help="length of the default stdlib prompts")
+    u.add_argument("--prompt-dir", default=None,
+                   help="tune on the text files of this folder, rows taking turns over them (e.g. one code file "
+                        "and one prose file: a batch mixed as the benchmarks' rows)")
+    u.add_argument("--prompt-tokens", type=int, default=2048,
+                   help="length of each prompt (stdlib or --prompt-dir)")
     u.add_argument("--batch", type=int, default=1)
     u.add_argument("--max-new-tokens", type=int, default=64, help="tokens each measured run decodes")
     u.add_argument("--ratios", default=None, help="candidate ratios, comma-separated (default 0.01,0.02,0.05,0.1,0.2)")

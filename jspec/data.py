@@ -29,6 +29,33 @@ def long_prompts(tokenizer, n_tokens: int, count: int = 1, *, sources=None, text
     return [ids[(i * 997) % (span + 1):][:n_tokens] for i in range(count)]
 
 
+def dir_prompts(path: str, tokenizer, n_tokens: int, count: int,
+                exts=(".txt", ".py", ".md", ".rst")) -> list[list[int]]:
+    """`count` prompts of exactly `n_tokens` tokens from the text files under `path`, rows taking turns over
+    the files in name order (row i from file i % n; only the first `count` files when there are more), as the
+    benchmarks alternate code and prose rows; the k-th
+    row cut from one file starts k * 997 tokens further in (wrapping), so a file used twice gives two prompts.
+    Raises FileNotFoundError for a folder without text files and ValueError naming files shorter than
+    `n_tokens` tokens."""
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file() and p.suffix in exts) if Path(path).is_dir() \
+        else []
+    if not files:
+        raise FileNotFoundError(f"no text files ({', '.join(exts)}) under {path}")
+    files = files[:count]                       # only the files some row is cut from
+    ids = [tokenizer.encode(p.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)
+           for p in files]
+    short = [f"{p.name} ({len(t)})" for p, t in zip(files, ids) if len(t) < n_tokens]
+    if short:
+        raise ValueError(f"prompt files shorter than {n_tokens} tokens under {path}: {', '.join(short)}; "
+                         f"use fewer prompt tokens or longer files")
+    rows = []
+    for i in range(count):
+        t = ids[i % len(files)]
+        start = (i // len(files) * 997) % (len(t) - n_tokens + 1)
+        rows.append(list(t[start:start + n_tokens]))
+    return rows
+
+
 def read_dir(path: str, exts=(".txt", ".py", ".md", ".rst")) -> list[str]:
     """Every text file under `path` with one of `exts`, sorted by name."""
     files = sorted(p for p in Path(path).rglob("*") if p.is_file() and p.suffix in exts)

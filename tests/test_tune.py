@@ -279,6 +279,45 @@ def test_tune_rejects_bad_arguments(tiny, tmp_path, capsys):
     assert "--ratios must be a comma-separated list of float" in capsys.readouterr().err
 
 
+def test_dir_prompts_take_turns_over_the_files(tmp_path):
+    from jspec.data import dir_prompts
+    tok = CharTokenizer()
+    import random
+    rnd = random.Random(0)   # aperiodic text: slices at different offsets differ
+    (tmp_path / "a_code.py").write_text("".join(rnd.choice("abcdefghijklm") for _ in range(500)))
+    (tmp_path / "b_prose.txt").write_text("".join(rnd.choice("0123456") for _ in range(300)))
+    (tmp_path / "ignored.bin").write_text("not a text file")
+    src = [tok.encode((tmp_path / n).read_text()) for n in ("a_code.py", "b_prose.txt")]
+    rows = dir_prompts(str(tmp_path), tok, 100, 5)
+    assert [len(r) for r in rows] == [100] * 5
+    for i, r in enumerate(rows):
+        t = src[i % 2]
+        assert any(t[s:s + 100] == r for s in range(len(t) - 99)), i     # a contiguous slice of its own file
+    assert rows[0] != rows[2] != rows[4] and rows[0] != rows[4] and rows[1] != rows[3]
+    assert dir_prompts(str(tmp_path), tok, 100, 1) == rows[:1]              # one row: the first file only
+    with pytest.raises(ValueError, match=r"shorter than 400 tokens .*b_prose.txt \(300\)"):
+        dir_prompts(str(tmp_path), tok, 400, 2)
+    with pytest.raises(FileNotFoundError, match="no text files"):
+        dir_prompts(str(tmp_path / "missing"), tok, 10, 2)
+
+
+def test_cli_tune_prompt_dir_reaches_tune(tiny, tmp_path, monkeypatch, capsys):
+    from jspec.data import dir_prompts
+    from jspec.speculative import tune as tune_mod
+    (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n" * 20)
+    (tmp_path / "b.txt").write_text("It was a truth universally acknowledged. " * 20)
+    seen = {}
+    monkeypatch.setattr(jspec, "load", lambda name: tiny)
+    monkeypatch.setattr(tune_mod, "tune", lambda m, **kw: seen.update(kw) or {"method": kw["method"]})
+    assert cli.main(["tune", "--prompt-dir", str(tmp_path), "--prompt-tokens", "40", "--batch", "4"]) == 0
+    assert seen["prompts"] == dir_prompts(str(tmp_path), tiny.tokenizer, 40, 4) and seen["batch"] == 4
+    assert cli.main(["tune", "--prompt-dir", str(tmp_path), "--prompt-file", str(tmp_path / "a.py")]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert cli.main(["tune", "--prompt-dir", str(tmp_path), "--prompt-tokens", "5000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "shorter than 5000 tokens" in err and "Traceback" not in err
+
+
 # ------------------------------------------------------------------------------------ LongSpec draft shapes
 
 def test_tune_longspec_keeps_the_fastest_shape_and_stays_lossless(tiny, tmp_path, capsys):
