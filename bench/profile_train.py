@@ -80,7 +80,8 @@ def main():
                       step_ms=round(1e3 * step_s, 2), tokens_per_s=round(a.batch * a.seq_len / step_s, 1),
                       compile_s=round(compile_s, 1), device_ms_per_step=round(sum(v[0] for v in tab.values()) / 1e3, 2),
                       kernels_per_step=int(sum(v[1] for v in tab.values())),
-                      by_kind={k: [round(v[0], 1), int(v[1])] for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0])},
+                      by_kind={k: [round(v[0], 1), int(v[1])]
+                               for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0])},
                       top_kernels=[[k[:80], round(v[0], 1), int(v[1])]
                                    for k, v in sorted(tab.items(), key=lambda kv: -kv[1][0])[:a.top]])
     print(json.dumps({k: v for k, v in rec.items() if k != "top_kernels"}), flush=True)
