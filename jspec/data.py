@@ -33,15 +33,10 @@ def dir_prompts(path: str, tokenizer, n_tokens: int, count: int,
                 exts=(".txt", ".py", ".md", ".rst")) -> list[list[int]]:
     """`count` prompts of exactly `n_tokens` tokens from the text files under `path`, rows taking turns over
     the files in name order (row i from file i % n; only the first `count` files when there are more), as the
-    benchmarks alternate code and prose rows; the k-th
-    row cut from one file starts k * 997 tokens further in (wrapping), so a file used twice gives two prompts.
-    Raises FileNotFoundError for a folder without text files and ValueError naming files shorter than
-    `n_tokens` tokens."""
-    files = sorted(p for p in Path(path).rglob("*") if p.is_file() and p.suffix in exts) if Path(path).is_dir() \
-        else []
-    if not files:
-        raise FileNotFoundError(f"no text files ({', '.join(exts)}) under {path}")
-    files = files[:count]                       # only the files some row is cut from
+    benchmarks alternate code and prose rows; the k-th row cut from one file starts k * 997 tokens further in
+    (wrapping), so a file used twice gives two prompts. Raises FileNotFoundError for a folder without text
+    files and ValueError naming files shorter than `n_tokens` tokens."""
+    files = _text_files(path, exts)[:count]     # only the files some row is cut from
     ids = [tokenizer.encode(p.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)
            for p in files]
     short = [f"{p.name} ({len(t)})" for p, t in zip(files, ids) if len(t) < n_tokens]
@@ -58,7 +53,14 @@ def dir_prompts(path: str, tokenizer, n_tokens: int, count: int,
 
 def read_dir(path: str, exts=(".txt", ".py", ".md", ".rst")) -> list[str]:
     """Every text file under `path` with one of `exts`, sorted by name."""
-    files = sorted(p for p in Path(path).rglob("*") if p.is_file() and p.suffix in exts)
+    return [p.read_text(encoding="utf-8", errors="replace") for p in _text_files(path, exts)]
+
+
+def _text_files(path: str, exts) -> list[Path]:
+    """The files under `path` (recursively) with one of `exts`, sorted; FileNotFoundError when there are none
+    (or `path` is not a folder)."""
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file() and p.suffix in exts) if Path(path).is_dir() \
+        else []
     if not files:
         raise FileNotFoundError(f"no text files ({', '.join(exts)}) under {path}")
-    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+    return files
