@@ -220,7 +220,8 @@ def main(argv=None):
                                                      "(default) or longspec")
     u.add_argument("--trees", default=None,
                    help="longspec: candidate widths per level, ';'-separated (all ones = a chain; default "
-                        "1,1,1,1,1;2,2,2,2,2;2,2,2,2,2,2,2;2,4,4,4;4,8,8,8,8;4,16,16,16,16;8,32,32,32)")
+                        "1,1,1,1,1;2,2,2,2,2;2,2,2,2,2,2,2;2,4,4,4;2,4,4,4,4;4,4,4,4;4,8,8,8,8;"
+                        "4,16,16,16,16;8,32,32,32)")
     u.add_argument("--drafter", default=None, help="longspec: drafter directory (default: the bundled one)")
     u.add_argument("--save-shape", action="store_true",
                    help="longspec: record the chosen shape in the drafter's tuned.json for this --batch, so "

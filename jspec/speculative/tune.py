@@ -54,8 +54,10 @@ TUNABLE = ("streaming", "quest", "vegas", "longspec")
 # LongSpec draft shapes tried by default: a chain, then trees from 14 to 104 nodes.
 # Candidates of the longspec shape search: the chain, narrow deep trees (the H200's best at B=16 for SmolLM2,
 # bench/results/longspec_sg_h200_deep_B16.json), mid-sized ones (best at B=1) and the public default.
-DEFAULT_TREES = ((1, 1, 1, 1, 1), (2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 2, 2), (2, 4, 4, 4), (4, 8, 8, 8, 8),
-                 (4, 16, 16, 16, 16), (8, 32, 32, 32))
+# Around the H200's winners for SmolLM2 ((2,4,4,4) at B=16, (2,2,2,2,2) at B=1) plus the public (4,16,16,16,16):
+# one level deeper and one level wider than (2,4,4,4), for drafters that accept more than the one it was found with.
+DEFAULT_TREES = ((1, 1, 1, 1, 1), (2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 2, 2), (2, 4, 4, 4), (2, 4, 4, 4, 4),
+                 (4, 4, 4, 4), (4, 8, 8, 8, 8), (4, 16, 16, 16, 16), (8, 32, 32, 32))
 
 
 # ---------------------------------------------------------------------------------------------- search
