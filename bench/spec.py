@@ -165,7 +165,8 @@ def main():
     ap.add_argument("--lengths", default="8000,4096,2048")
     ap.add_argument("--batches", default="64,16,1")
     ap.add_argument("--methods", default="streaming,quest,vegas",
-                    help="comma-separated; vegas-sort = vegas with XLA's sort for its top-k (vegas: the select kernel)")
+                    help="comma-separated; vegas-sort = vegas with XLA's sort for its top-k (vegas: the select "
+                         "kernel); vegas-pageN = vegas selecting aligned pages of N slots")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=512, help="KV slots of every method's draft selection")
@@ -453,11 +454,15 @@ def method_spec(name: str, **kw) -> SpecConfig:
         return SpecConfig("vegas", topk="sort", **kw)
     if name == "vegas-select":   # the default since commit 8c98d46's measurement; kept for old commands
         return SpecConfig("vegas", topk="select", **kw)
+    if name.startswith("vegas-page"):   # vegas-page16: whole aligned pages of 16 slots (SpecConfig.select_page)
+        return SpecConfig("vegas", select_page=int(name[len("vegas-page"):]), **kw)
     return SpecConfig(name, **kw)
 
 
 def _method(spec):
     """The record's method: "vegas-sort" for Vegas with XLA's sort-based top-k, else spec.method."""
+    if spec.method == "vegas" and spec.select_page > 1:
+        return f"vegas-page{spec.select_page}" + ("-sort" if spec.topk == "sort" else "")
     return "vegas-sort" if spec.method == "vegas" and spec.topk == "sort" else spec.method
 
 

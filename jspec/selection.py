@@ -73,6 +73,32 @@ def topk_before(scores, point, k, *, slots: int, method: str = "sort"):
     return jnp.where(c < n[..., None], idx.astype(jnp.int32), 0), n
 
 
+def topk_pages_before(scores, point, k, *, slots: int, page: int, method: str = "sort"):
+    """`topk_before` in aligned pages of `page` slots (a page's score is the sum of its slots'): the top
+    k // page pages among those that end at or before the page-aligned start (point // page) * page, expanded
+    to their slots. Each draft step then gathers whole runs of `page` consecutive cache rows, and the top-k
+    runs over S / page scores.
+
+    Args:
+      scores, point, k, method: as in `topk_before`; slots: static M, a multiple of `page`.
+    Returns:
+      idx int32[L, B, slots] (whole pages, ascending within each), n_valid int32[L, B] (a multiple of page),
+      start int32[B] = (point // page) * page: the slots [start, point) of the partial page are not among the
+      selected ones, so the caller attends everything from `start` on (as from the selection point).
+    """
+    if slots % page:
+        raise ValueError(f"{slots=} must be a multiple of {page=}")
+    L, B, S = scores.shape
+    n_pages = S // page
+    pages = scores[..., :n_pages * page].astype(jnp.float32).reshape(L, B, n_pages, page).sum(-1)
+    start = (jnp.asarray(point, jnp.int32) // page) * page
+    pidx, pn = topk_before(pages, start // page, jnp.asarray(k, jnp.int32) // page, slots=slots // page,
+                           method=method)
+    idx = (pidx[..., None] * page + jnp.arange(page, dtype=jnp.int32)).reshape(L, B, slots)
+    n = pn * page
+    return jnp.where(jnp.arange(slots, dtype=jnp.int32) < n[..., None], idx, 0), n, start
+
+
 def with_tail(idx, n_valid, start, end, *, tail_slots: int):
     """Append the contiguous positions [start, end) after the first n_valid entries of idx.
 

@@ -40,6 +40,29 @@ def test_topk_before_matches_numpy_per_layer():
             assert np.asarray(idx[l, b, :len(want)]).tolist() == want.tolist()    # descending score
 
 
+@pytest.mark.parametrize("method", ["sort", "select"])
+def test_topk_pages_before_matches_numpy(method):
+    rng = np.random.default_rng(3)
+    L, B, S, M, P = 2, 4, 61, 12, 4
+    scores = rng.standard_normal((L, B, S)).astype(np.float32)
+    point = np.array([5, 22, 61, 3], np.int32)
+    k = np.array([12, 9, 12, 12], np.int32)
+    fn = jax.jit(selection.topk_pages_before, static_argnames=("slots", "page", "method"))
+    idx, n, start = fn(jnp.asarray(scores), point, k, slots=M, page=P, method=method)
+    assert np.asarray(start).tolist() == [4, 20, 60, 0]
+    for l in range(L):
+        for b in range(B):
+            full = point[b] // P                                       # pages that end before the point
+            sums = scores[l, b, :full * P].reshape(full, P).sum(1)
+            pages = np.argsort(-sums, kind="stable")[:min(k[b] // P, full)]
+            want = sorted(int(p) * P + j for p in pages for j in range(P))
+            assert int(n[l, b]) == len(want)
+            assert _valid(idx[l, b], n[l, b]) == want
+            assert (np.asarray(idx[l, b, int(n[l, b]):]) == 0).all()
+    with pytest.raises(ValueError, match="multiple"):
+        selection.topk_pages_before(jnp.asarray(scores), point, k, slots=10, page=P)
+
+
 def test_with_tail_appends_contiguous_positions_after_the_selection():
     rng = np.random.default_rng(1)
     L, B, M, T = 2, 3, 6, 5
@@ -122,6 +145,8 @@ def test_budget_rule_with_ratio():
     (dict(score_mode="probs"), "score_mode"),
     (dict(collect="some"), "collect"),
     (dict(ratio=1.5), "ratio=1.5"),
+    (dict(select_page=0), "select_page=0 must be >= 1"),
+    (dict(budget=100, select_page=16), "multiple of select_page=16"),
 ])
 def test_bad_knobs_raise_input_errors(kw, match):
     with pytest.raises(InputError, match=match):

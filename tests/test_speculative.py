@@ -49,6 +49,7 @@ VARIANTS = {
     "vegas": dict(method="vegas"),
     "vegas-all-logits": dict(method="vegas", collect="all", score_mode="logits"),
     "vegas-sort": dict(method="vegas", topk="sort"),   # score-ordered selections by lax.top_k (vegas: "select")
+    "vegas-pages": dict(method="vegas", select_page=4),   # whole aligned pages of 4 slots
 }
 # llama: a budget of 8 slots, so most drafts are rejected (identity must not depend on draft quality).
 # qwen3: a budget covering the whole cache, so every draft step must be exact full attention and every

@@ -48,6 +48,11 @@ class SpecConfig:
                 kernel on a GPU, lax.top_k elsewhere) or "sort" (lax.top_k everywhere; XLA sorts each row).
                 Both keep the same set; on the H200 at L=8000, B=64 "select" made vegas 1.454x -> 1.563x ar
                 (bench/results/spec_select_h200.json).
+    select_page: vegas: select aligned pages of this many slots (summed scores) instead of single positions
+                (1, the default, is the paper's rule). Each draft step then gathers runs of consecutive
+                cache rows and the top-k ranks S / select_page scores; the slots from the last page start
+                to the selection point are attended whole (up to select_page - 1 more). The budget (static
+                width) must be a multiple of it. Not yet measured on a GPU.
     """
 
     method: str = "vegas"
@@ -64,6 +69,7 @@ class SpecConfig:
     tree_widths: tuple = (4, 16, 16, 16, 16)
     window: int = 512
     topk: str = "select"
+    select_page: int = 1
 
     def __post_init__(self):
         # A list would make the config unhashable (it is a static jit argument): store a tuple of ints.
@@ -100,6 +106,11 @@ class SpecConfig:
                 raise InputError(f"min_tokens={self.min_tokens} must be >= sink={self.sink}")
         if self.topk not in TOPK:
             raise InputError(f"topk={self.topk!r} must be one of {TOPK}")
+        if self.select_page < 1:
+            raise InputError(f"select_page={self.select_page} must be >= 1")
+        if self.method == "vegas" and self.slots % self.select_page:
+            raise InputError(f"budget={self.slots} must be a multiple of select_page={self.select_page} (whole "
+                             f"pages)")
         if self.mode not in MODES:
             raise InputError(f"mode={self.mode!r} must be one of {MODES}")
         if not self.tree_widths or min(self.tree_widths) < 1:

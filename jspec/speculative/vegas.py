@@ -45,10 +45,15 @@ def score_rows(spec):
 
 
 def tail_slots(spec):
-    return 2 * spec.gamma
+    # select_page > 1: the tail starts at the page-aligned start, up to select_page - 1 slots before the point
+    return 2 * spec.gamma + spec.select_page - 1
 
 
 def _select(spec, scores, point):
+    if spec.select_page > 1:   # whole aligned pages (selection.topk_pages_before); the tail from the page start
+        idx, n, start = selection.topk_pages_before(scores, point, spec.k(point), slots=spec.slots,
+                                                    page=spec.select_page, method=spec.topk)
+        return State(idx=idx, n_valid=n, point=start)
     idx, n = selection.topk_before(scores, point, spec.k(point), slots=spec.slots, method=spec.topk)
     return State(idx=idx, n_valid=n, point=point)
 
