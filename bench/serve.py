@@ -42,7 +42,8 @@ def spec_for(name, a):
     """The SpecConfig a benchmark runs for method `name` from its --gamma / --budget / --widths flags."""
     if name == "longspec":
         return SpecConfig("longspec", tree_widths=tuple(int(w) for w in a.widths.split(",")))
-    return SpecConfig(name, gamma=a.gamma, budget=a.budget)
+    from bench.spec import method_spec   # vegas-pageN, vegas-sort
+    return method_spec(name, gamma=a.gamma, budget=a.budget)
 
 
 def main():

@@ -173,7 +173,8 @@ def main():
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--gammas", default="2,4,6", help="gamma sweep at the sweep shape")
     ap.add_argument("--gamma-methods", default="vegas", help="methods of the gamma sweep (e.g. vegas,streaming)")
-    ap.add_argument("--budgets", default="128,256,512,1024", help="vegas + streaming budget sweep")
+    ap.add_argument("--budgets", default="128,256,512,1024", help="budget sweep of the --sweep-methods")
+    ap.add_argument("--sweep-methods", default="vegas,streaming", help="methods of the budget sweep")
     ap.add_argument("--sweep-shape", default="8000x16")
     ap.add_argument("--split-shape", default="8000x64")
     ap.add_argument("--reps", type=int, default=2, help="timed runs per config (the fastest is kept)")
@@ -235,7 +236,7 @@ def main():
     for s in shapes:
         cfgs = [("grid", None)] + [("grid", spec_of(x)) for x in methods]
         if s == sweep:
-            cfgs += [("budget_sweep", spec_of(x, budget=b)) for x in ("vegas", "streaming") for b in budgets]
+            cfgs += [("budget_sweep", spec_of(x, budget=b)) for x in a.sweep_methods.split(",") if x for b in budgets]
             cfgs += [("gamma_sweep", spec_of(x, gamma=g)) for x in a.gamma_methods.split(",") if x for g in gammas]
             cfgs += [("ablation", spec_of("vegas", collect="all")), ("ablation", spec_of("vegas", score_mode="logits"))]
         seen, plan[s] = set(), []

@@ -28,8 +28,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                  top_k: int = 0, top_p: float = 1.0, chat: bool = False, seed: int = 0, ignore_eos: bool = False,
                  as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
                  sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None,
-                 mode=None, widths=None, drafter=None, topk=None, exact=False, slots=None, refill=None,
-                 staged=False):
+                 mode=None, widths=None, drafter=None, topk=None, select_page=None, exact=False, slots=None,
+                 refill=None, staged=False):
     import jspec
     from jspec import data
 
@@ -37,7 +37,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     # Checked before the model loads, so a bad flag or config file fails at once.
     knobs = {k: v for k, v in dict(gamma=gamma, budget=budget, ratio=ratio, sink=sink, page_size=page_size,
                                    min_tokens=min_tokens, max_tokens=max_tokens, score_mode=score_mode,
-                                   collect=collect, mode=mode, topk=topk,
+                                   collect=collect, mode=mode, topk=topk, select_page=select_page,
                                    tree_widths=_widths(widths) if widths else None).items() if v is not None}
     try:
         spec = jspec.api.spec_config(method, config, **knobs)
@@ -182,6 +182,10 @@ def main(argv=None):
                    help="vegas: Collect-2-Query rows (c2q) or all gamma+1 verified rows")
     g.add_argument("--topk", choices=["sort", "select"], default=None,
                    help="vegas: per-layer top-k by the threshold-search kernel (select, default) or lax.top_k (sort)")
+    g.add_argument("--select-page", type=int, default=None, metavar="N",
+                   help="vegas: select whole aligned pages of N cache slots (summed scores) instead of single slots "
+                        "(default 1; 16 or 32 ran ~10%% faster at L=8000, B=64 on the H200, same tau; the budget "
+                        "must be a multiple of N)")
     g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
     g.add_argument("--widths", default=None,
                    help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape the drafter was "

@@ -223,6 +223,13 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     sel = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["stats"]["knobs"]["topk"] == "select"   # the default
     assert sel["stats"]["knobs"]["topk"] == "sort" and sel["tokens"] == res["tokens"]
+    assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8",
+                            "--select-page", "4"]) == 0
+    pg = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["stats"]["knobs"]["select_page"] == 1 and pg["stats"]["knobs"]["select_page"] == 4
+    assert pg["tokens"] == res["tokens"]
+    assert cli.main(argv + ["--method", "vegas", "--budget", "8", "--select-page", "3"]) == 2
+    assert "multiple of select_page=3" in capsys.readouterr().err
     assert cli.main(argv[:-1] + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8"]) == 0
     lo, hi = min(res["stats"]["tau_per_sequence"]), max(res["stats"]["tau_per_sequence"])
     assert f"(per sequence {lo:.2f}-{hi:.2f})" in capsys.readouterr().out   # the text summary line
