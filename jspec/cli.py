@@ -94,7 +94,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
              batch: int = 1, max_new_tokens: int = 64, method: str = "vegas", ratios=None, gammas=None, gamma0=None,
              plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
              jobs=None, out: str = "tune.json", progress: bool = True, trees=None, drafter=None,
-             save_shape: bool = False) -> dict:
+             save_shape: bool = False, pages=None) -> dict:
     """Vegas' three-stage tuning, or LongSpec's draft-shape search (jspec/speculative/tune.py) on `model`;
     writes the chosen config to `out`; with save_shape (longspec), also the chosen shape into the drafter's
     tuned.json for this batch size."""
@@ -105,11 +105,14 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
         raise jspec.InputError("--save-shape applies to --method longspec only")
     if prompt_file is not None and prompt_dir is not None:
         raise jspec.InputError("give --prompt-file or --prompt-dir, not both")
+    if pages is not None and method != "vegas":
+        raise jspec.InputError("--pages applies to --method vegas only")
     from jspec.attention import AttnImpl
-    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
+    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_PAGES, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
 
     ratios = _numbers(ratios, float, "--ratios") if ratios is not None else DEFAULT_RATIOS
     gammas = _numbers(gammas, int, "--gammas") if gammas is not None else DEFAULT_GAMMAS
+    pages = _numbers(pages, int, "--pages") if pages is not None else DEFAULT_PAGES
     trees = [_numbers(t, int, "--trees") for t in trees.split(";") if t.strip()] if trees is not None else DEFAULT_TREES
     m = jspec.load(model) if devices == 1 else jspec.load(model, devices=devices)
     prompts = None
@@ -120,7 +123,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
         prompts = dir_prompts(prompt_dir, m.tokenizer, prompt_tokens, batch)
     backend = {"auto": None, "xla": "xla", "pallas": "pallas"}[impl]
     res = tune(m, prompts=prompts, prompt_tokens=prompt_tokens, batch=batch, max_new_tokens=max_new_tokens,
-               method=method, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
+               method=method, ratios=ratios, gammas=gammas, pages=pages, gamma0=gamma0, plateau_tol=plateau_tol,
                min_tokens=min_tokens, reps=reps, impl=AttnImpl(backend=backend), jobs=jobs, progress=progress,
                out=out, trees=trees, drafter=drafter)
     if save_shape:   # the drafter drafts this shape at this batch size from now on (jspec.generate)
@@ -240,6 +243,9 @@ def main(argv=None):
     u.add_argument("--max-new-tokens", type=int, default=64, help="tokens each measured run decodes")
     u.add_argument("--ratios", default=None, help="candidate ratios, comma-separated (default 0.01,0.02,0.05,0.1,0.2)")
     u.add_argument("--gammas", default=None, help="candidate gammas, comma-separated (default 2,3,4,6,8)")
+    u.add_argument("--pages", default=None,
+                   help="vegas' stage 4: candidate page sizes of the selection, comma-separated (default 1,16: "
+                        "single slots, then whole aligned pages of 16; 1 skips the stage)")
     u.add_argument("--gamma0", type=int, default=None, help="gamma of stage 1 (default: the median candidate)")
     u.add_argument("--plateau-tol", type=float, default=0.02,
                    help="stage 1 stops when one ratio step raises tau by less than this fraction")

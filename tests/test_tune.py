@@ -2,7 +2,8 @@
 
 - the search rules on a fake measuring function: stage 1 stops at the first ratio whose next step does not
   raise tau by plateau_tol (and never measures past it), stage 2 keeps the fastest gamma at that ratio,
-  stage 3 the fastest ratio around it, each config measured once;
+  stage 3 the fastest ratio around it, each config measured once; stage 4 (vegas' page size) the fastest
+  page size at that ratio and gamma, single slots on a tie;
 - `tune` end to end on a tiny random model (2 ratios x 2 gammas, a few new tokens): the JSON it writes holds
   the chosen values, which are consistent with its own measurements, and rebuilds the same SpecConfig;
 - `generate --config FILE` / `jspec.generate(config=...)`: the loaded SpecConfig equals the tuned one, flags
@@ -12,6 +13,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 
 import jax
 import pytest
@@ -21,14 +23,14 @@ from conftest import CharTokenizer
 from jspec import cli, model
 from jspec.config import ModelConfig
 from jspec.speculative import SpecConfig
-from jspec.speculative.tune import read_config, search, tune
+from jspec.speculative.tune import pick_page, read_config, search, tune
 
 RATIOS = [0.01, 0.02, 0.05, 0.1, 0.2]
 GAMMAS = [2, 3, 4, 6]
 
 
-def make_spec(r, g):
-    return SpecConfig("vegas", gamma=g, budget=64, ratio=r, min_tokens=1)
+def make_spec(r, g, page=1):
+    return SpecConfig("vegas", gamma=g, budget=64, ratio=r, min_tokens=1, select_page=page)
 
 
 class Fake:
@@ -115,6 +117,35 @@ def test_search_default_gamma0_and_bad_grids():
         search(Fake(lambda r: 2.0, lambda r, g: 1.0), make_spec, ratios=[], gammas=[2])
 
 
+def test_stage4_keeps_the_fastest_page_size_single_slots_on_a_tie():
+    speed = {1: 100.0, 8: 130.0, 16: 120.0}
+    calls, announced = [], []
+
+    def measure(spec):
+        calls.append((spec.ratio, spec.gamma, spec.select_page))
+        return 2.0, speed[spec.select_page] if spec.gamma == 3 else 1.0
+
+    found = search(measure, make_spec, ratios=[0.1, 0.2], gammas=[2, 3], plateau_tol=0.5)
+    assert found["gamma"] == 3 and "select_page" not in found
+    n = len(calls)
+    res = pick_page(measure, make_spec, found, [16, 1, 8], precompile=lambda specs: announced.extend(
+        (s.ratio, s.gamma, s.select_page) for s in specs))
+    assert res["select_page"] == 8 and (res["ratio"], res["gamma"]) == (found["ratio"], found["gamma"])
+    new = res["measurements"][n:]
+    assert [(m["stage"], m["select_page"]) for m in new] == [(4, 8), (4, 16)]   # single slots: already measured
+    assert calls[n:] == [(found["ratio"], 3, 8), (found["ratio"], 3, 16)] and announced == calls[n:]
+    assert res["measurements"][:n] == found["measurements"]
+    # A tie keeps single slots; (1,) measures nothing; without 1 the fastest page wins even if slower.
+    speed[8] = speed[16] = 100.0
+    assert pick_page(measure, make_spec, found, [1, 8, 16])["select_page"] == 1
+    n = len(calls)
+    assert pick_page(measure, make_spec, found, [1])["select_page"] == 1 and len(calls) == n
+    speed[16] = 50.0
+    assert pick_page(measure, make_spec, found, [16])["select_page"] == 16
+    with pytest.raises(jspec.InputError, match="page sizes"):
+        pick_page(measure, make_spec, found, [0, 16])
+
+
 # ----------------------------------------------------------------------------------- tune on a tiny model
 
 def tiny_model():
@@ -147,7 +178,8 @@ def test_tune_writes_a_consistent_config(tuned):
     assert res["method"] == "vegas" and res["gamma"] in TUNE_ARGS["gammas"]
     ms = res["measurements"]
     assert 0.1 <= res["ratio"] <= 0.5 and res["ratio"] in {m["ratio"] for m in ms}
-    assert {m["stage"] for m in ms} <= {1, 2, 3} and len(ms) == len({(m["ratio"], m["gamma"]) for m in ms})
+    assert {m["stage"] for m in ms} <= {1, 2, 3, 4}
+    assert len(ms) == len({(m["ratio"], m["gamma"], m["select_page"]) for m in ms})
     assert all(m["tau"] >= 1.0 and m["tokens_per_s"] > 0 for m in ms)
     # The choice agrees with the measurements: with two candidate ratios, stage 3 measures both and their
     # geometric midpoint at the chosen gamma and keeps the fastest; that gamma is the fastest at the
@@ -161,6 +193,14 @@ def test_tune_writes_a_consistent_config(tuned):
     # Static width covers ratio * (prompt + new tokens); min_tokens keeps the smallest ratio unclamped.
     context = TUNE_ARGS["prompt_tokens"] + TUNE_ARGS["max_new_tokens"]
     assert res["budget"] >= res["ratio"] * context and res["budget"] % 8 == 0
+    # Stage 4 (default pages 1, 16): pages of 16 measured at the chosen ratio and gamma, the faster one kept,
+    # and every measured budget holds whole pages.
+    paged = [m for m in ms if m["stage"] == 4]
+    assert [(m["ratio"], m["gamma"], m["select_page"]) for m in paged] == [(res["ratio"], res["gamma"], 16)]
+    single = next(m for m in ms if (m["ratio"], m["gamma"], m["select_page"]) == (res["ratio"], res["gamma"], 1))
+    assert res["select_page"] == (16 if paged[0]["tokens_per_s"] > single["tokens_per_s"] else 1)
+    assert res["pages"] == [1, 16] and all(m["budget"] % math.lcm(8, m["select_page"]) == 0 for m in ms)
+    assert any("pages of 16" in ln for ln in lines)
     assert res["min_tokens"] <= 0.1 * TUNE_ARGS["prompt_tokens"]
     assert (res["prompt_tokens"], res["batch"], res["model"]) == (40, 2, "tiny")
     assert res["device"].startswith("cpu") and res["jax"] == jax.__version__
@@ -177,7 +217,7 @@ def test_tune_writes_a_consistent_config(tuned):
 def test_tuned_config_round_trips(tuned):
     res, path, _ = tuned
     want = SpecConfig(method="vegas", gamma=res["gamma"], budget=res["budget"], ratio=res["ratio"],
-                      min_tokens=res["min_tokens"])
+                      min_tokens=res["min_tokens"], select_page=res["select_page"])
     assert jspec.api.spec_config(None, str(path)) == want
     assert jspec.api.spec_config(None, res) == want
     assert SpecConfig(**read_config(str(path))) == want
@@ -219,12 +259,12 @@ def test_cli_flags_override_the_config(tuned, tiny, monkeypatch):
     monkeypatch.setattr(jspec, "load", lambda name: tiny)
     monkeypatch.setattr(jspec, "generate", fake_generate)
     want = SpecConfig(method="vegas", gamma=res["gamma"], budget=res["budget"], ratio=res["ratio"],
-                      min_tokens=res["min_tokens"])
+                      min_tokens=res["min_tokens"], select_page=res["select_page"])
     base = ["generate", "--prompt", "x", "--config", str(path)]
     assert cli.main(base) == 0
     assert seen[-1] == ("vegas", want)
-    assert cli.main(base + ["--gamma", "3", "--budget", "24", "--score-mode", "logits"]) == 0
-    assert seen[-1] == ("vegas", dataclasses.replace(want, gamma=3, budget=24, score_mode="logits"))
+    assert cli.main(base + ["--gamma", "3", "--budget", "32", "--score-mode", "logits"]) == 0
+    assert seen[-1] == ("vegas", dataclasses.replace(want, gamma=3, budget=32, score_mode="logits"))
     assert cli.main(base + ["--method", "streaming"]) == 0
     assert seen[-1] == ("streaming", dataclasses.replace(want, method="streaming"))
     assert cli.main(base + ["--method", "ar"]) == 0
@@ -277,6 +317,10 @@ def test_tune_rejects_bad_arguments(tiny, tmp_path, capsys):
         tune(tiny, prompts=[[5] * 250], max_new_tokens=10, progress=False)
     assert cli.main(["tune", "--ratios", "0.1,abc"]) == 2
     assert "--ratios must be a comma-separated list of float" in capsys.readouterr().err
+    assert cli.main(["tune", "--method", "streaming", "--pages", "1,16"]) == 2
+    assert "--pages applies to --method vegas only" in capsys.readouterr().err
+    with pytest.raises(jspec.InputError, match="page sizes"):
+        tune(tiny, pages=[0, 16], progress=False)
 
 
 def test_dir_prompts_take_turns_over_the_files(tmp_path):

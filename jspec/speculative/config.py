@@ -52,7 +52,8 @@ class SpecConfig:
                 (1, the default, is the paper's rule). Each draft step then gathers runs of consecutive
                 cache rows and the top-k ranks S / select_page scores; the slots from the last page start
                 to the selection point are attended whole (up to select_page - 1 more). The budget (static
-                width) must be a multiple of it. Not yet measured on a GPU.
+                width) must be a multiple of it. On the H200 at L=8000, B=64 (SmolLM2-135M) pages of 8-32
+                ran 1.60-1.66x ar against 1.44-1.47x for single slots, same or higher tau (README).
     """
 
     method: str = "vegas"
