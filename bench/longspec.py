@@ -1,12 +1,13 @@
 """LongSpec on the real SmolLM2-135M, one GPU: trained drafter, chain and tree drafts, vs ar and vegas.
 
     PYTHONPATH=. python bench/longspec.py [--out $OUT/longspec_h200.json] [--quick] [--impl xla|pallas|auto]
-        [--drafter DIR] [--lengths 8000,4096,2048] [--batches 16,64,1] [--temps 0,1] [--widths 4,16,16,16,16]
+        [--drafter DIR] [--lengths 8000,4096,2048] [--batches 16,64,1] [--temps 0,1] [--widths 4,16,16,16,16|tuned]
 
 For each prompt length L and batch B (held-out text: prose rows from --corpus when present, alternating with
 stdlib code rows the drafter was not trained on), one prefill serves every run (the cache is rolled back to
 the prompt between runs): `ar` (jspec.decoding), `vegas` (SpecConfig("vegas", gamma=4, budget=512)) and
-longspec in chain (gamma drafter steps) and tree (--widths) mode, each at temperature 0 (greedy) and 1 (plain
+longspec in chain (gamma drafter steps) and tree (--widths; "tuned": the drafter's tuned.json shape for each
+batch size, as `jspec generate` drafts it) mode, each at temperature 0 (greedy) and 1 (plain
 sampling), --new tokens with stop tokens ignored. Records: tau (mean tokens per target verification) and the
 accepted-length histogram, tokens/s (B * (new - 1) / decode time, as bench/decode.py and bench/spec.py),
 speedup over ar and over vegas at the same temperature, agreement with ar's greedy tokens (bf16 near-ties can
@@ -105,7 +106,8 @@ def main():
     ap.add_argument("--batches", default="16,64,1")
     ap.add_argument("--temps", default="0,1", help="temperatures (0: greedy)")
     ap.add_argument("--modes", default="tree,chain")
-    ap.add_argument("--widths", default="4,16,16,16,16", help="tree widths per level")
+    ap.add_argument("--widths", default="4,16,16,16,16",
+                    help="tree widths per level, or 'tuned': the drafter's tuned shape for each batch size")
     ap.add_argument("--gamma", type=int, default=0, help="chain length (0: the tree's depth)")
     ap.add_argument("--vegas-gamma", type=int, default=4)
     ap.add_argument("--vegas-budget", type=int, default=512)
@@ -126,7 +128,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: one tiny shape, small trees")
     a = ap.parse_args()
     if a.quick:
-        a.lengths, a.batches, a.new, a.widths, a.sweep_widths = "160", "2", 12, "2,3,3", "1,1;2,2,2"
+        a.lengths, a.batches, a.new, a.sweep_widths = "160", "2", 12, "1,1;2,2,2"
+        a.widths = "tuned" if a.widths == "tuned" else "2,3,3"
         a.sweep_shape = "160x2"
         a.budget_s = max(a.budget_s, 1800.0)
     t_start = time.perf_counter()
@@ -135,10 +138,15 @@ def main():
     # CPU matmuls in bf16 are emulated and slow: the smoke test runs in float32 there.
     m = jspec.load(a.model, dtype="float32" if jax.default_backend() == "cpu" else None, progress=False)
     cfg, params = m.cfg, m.params
+    tuned = a.widths == "tuned"
     if os.path.isfile(os.path.join(a.drafter, "config.json")):
         d = load_drafter(a.drafter)
         dparams, window, drafter_name = d.params, d.window, os.path.abspath(a.drafter)
+        if tuned and d.widths_for(1) is None:
+            raise SystemExit(f"error: --widths tuned: the drafter at {a.drafter} has no tuned.json")
     else:
+        if tuned:
+            raise SystemExit(f"error: --widths tuned needs a drafter with tuned shapes; none at {a.drafter}")
         print(f"no drafter at {a.drafter}: using a RANDOM drafter (tau ~1, timing only)", flush=True)
         dparams = init_drafter_params(cfg, jax.random.key(0), target_params=params, dtype=jnp.dtype(cfg.dtype))
         window, drafter_name = 512, "random"
@@ -148,14 +156,17 @@ def main():
           (f" + prose ({len(prose)} files from {a.corpus})" if prose else " only (no prose corpus)"), flush=True)
 
     Ls, Bs, temps = _ints(a.lengths), _ints(a.batches), [float(t) for t in a.temps.split(",") if t]
-    widths = _ints(a.widths)
-    gamma = a.gamma or len(widths)
     sweep = _shape(a.sweep_shape)
+
+    def widths_for(B):   # the grid's tree at batch B
+        return tuple(d.widths_for(B)) if tuned else _ints(a.widths)
+
+    widths = widths_for(sweep[1])
     sweep_widths = [_ints(w) for w in a.sweep_widths.split(";") if w]
     samps = {t: SamplingConfig(temperature=t) for t in temps}
 
-    def longspec(mode, w=widths):
-        return SpecConfig("longspec", mode=mode, gamma=gamma, tree_widths=w, window=window)
+    def longspec(mode, w):
+        return SpecConfig("longspec", mode=mode, gamma=a.gamma or len(w), tree_widths=w, window=window)
 
     vegas = SpecConfig("vegas", gamma=a.vegas_gamma, budget=a.vegas_budget)
     modes = [x for x in a.modes.split(",") if x]
@@ -167,7 +178,8 @@ def main():
     for s in shapes:
         cfgs = []
         for t in temps:
-            cfgs += [("grid", None, t), ("grid", vegas, t)] + [("grid", longspec(mo), t) for mo in modes]
+            cfgs += [("grid", None, t), ("grid", vegas, t)] + [("grid", longspec(mo, widths_for(s[1])), t)
+                                                                for mo in modes]
         if s == sweep:
             for w in sweep_widths:
                 spec = longspec("tree", w)
