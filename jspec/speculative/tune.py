@@ -174,7 +174,8 @@ def pick_page(measure: Callable[[SpecConfig], tuple[float, float]], make_spec: C
 
 def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_new_tokens: int = 64,
          method: str = "vegas", ratios: Sequence[float] = DEFAULT_RATIOS, gammas: Sequence[int] = DEFAULT_GAMMAS,
-         pages: Sequence[int] = DEFAULT_PAGES, trees: Sequence[Sequence[int]] = DEFAULT_TREES, drafter=None, baseline: bool = True,
+         pages: Sequence[int] = DEFAULT_PAGES, trees: Sequence[Sequence[int]] = DEFAULT_TREES, drafter=None,
+         baseline: bool = True,
          gamma0: Optional[int] = None, plateau_tol: float = 0.02, min_tokens: Optional[int] = None,
          score_mode: str = "weights", collect: str = "c2q", reps: int = 2, impl: AttnImpl = AttnImpl(),
          jobs: Optional[int] = None, seed: int = 0, progress: bool = True,
@@ -368,7 +369,8 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         page = rec.get("select_page", 1)
         budget = make_spec(rec["ratio"], rec["gamma"], page).budget
         say(f"stage {rec['stage']}: ratio {rec['ratio']:<7.4g} gamma {rec['gamma']:<2d} budget {budget:<6d} "
-            + (f"pages of {page:<3d} " if page > 1 else "") + f"tau {rec['tau']:6.3f}  {rec['tokens_per_s']:9.1f} tok/s")
+            + (f"pages of {page:<3d} " if page > 1 else "")
+            + f"tau {rec['tau']:6.3f}  {rec['tokens_per_s']:9.1f} tok/s")
 
     try:
         found = search(measure, make_spec, ratios=ratios, gammas=gammas, gamma0=gamma0, plateau_tol=plateau_tol,
