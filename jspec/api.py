@@ -172,8 +172,6 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     if slots is not None:
         if slots < 1:
             raise _gen.InputError(f"slots={slots} must be >= 1")
-        if model.mesh is not None:
-            raise _gen.InputError("slots (continuous batching) does not support tensor-parallel models yet")
         if refill is not None and refill < 1:
             raise _gen.InputError(f"refill={refill} must be >= 1")
     elif refill is not None or staged:
@@ -285,7 +283,7 @@ def _serve_spec(model: Model, spec, samp, ids, capacity, max_new_tokens, stops, 
                 refill, staged=False, progress=False) -> Output:
     outs, st = speculative.serve(model.params, model.cfg, spec, samp, ids, batch=slots, capacity=capacity,
                                  max_new_tokens=max_new_tokens, stop_tokens=stops, impl=impl, seed=seed,
-                                 refill=refill, staged=staged, progress=progress, **kw)
+                                 refill=refill, staged=staged, progress=progress, mesh=model.mesh, **kw)
     toks = [o.tolist() for o in outs]
     hist = np.asarray(st.accept_hist)
     decoded = sum(max(len(t) - 1, 0) for t in toks)
@@ -306,12 +304,8 @@ def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_
         state = speculative.init(model.params, model.cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths),
                                  capacity, impl=impl, **kw)
     else:  # the same prefill into a cache created sharded (init would leave its layout to XLA)
-        tokens, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
-        logits, cache = _gen.prefill(model.params, model.cfg, tokens, lengths_j,
-                                     new_cache(model, batch=B, capacity=capacity), impl=impl)
-        last = jnp.take_along_axis(tokens, (lengths_j - 1)[:, None], axis=1)[:, 0]
-        extra = dict(kw, prompt_tokens=tokens) if kw else {}
-        state = speculative.prepare(model.params, model.cfg, spec, cache, logits, last, impl=impl, **extra)
+        state = speculative.engine.init_sharded(model.params, model.cfg, spec, tokens, lengths, capacity,
+                                                model.mesh, impl=impl, **kw)
     jax.block_until_ready(state)
     t1 = time.perf_counter()
     out, n_out, st, _ = speculative.run_donating(model.params, model.cfg, spec, samp, state, jax.random.key(seed),

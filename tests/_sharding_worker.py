@@ -4,7 +4,7 @@ XLA_FLAGS must be set before jax is first imported, and the pytest process may a
 (other test files), hence a subprocess. Prints one JSON object on the last line of stdout:
 
     {"greedy": [{arch, dtype, tp, same, ref, got}], "specs": {...}, "errors": {...},
-     "pallas": {...}, "vegas": [...]}
+     "pallas": {...}, "vegas": [...], "serve": [...]}
 """
 import os
 
@@ -175,9 +175,56 @@ def check_vegas(res):
                          cache_k=spec_str(final.cache.k.sharding.spec))]
 
 
+def check_serve(res):
+    """Continuous batching (`speculative.serve(mesh=...)`) on tp=2: 3 ragged prompts through 2 slots, so one
+    slot is refilled; greedy vegas waiting for a free slot and staged, against unsharded plain decoding. Every
+    prefill must go through `engine.init_sharded` (recorded: the cache rows it made and their sharding)."""
+    from jspec.speculative import SpecConfig, engine, serve
+
+    cfg, params, ref = setup("qwen2", "bfloat16")
+    mesh = sh.make_mesh(2, cfg=cfg)
+    p = sh.shard_params(params, cfg, mesh)
+    toks, lens = prompts(cfg)
+    ids = [np.asarray(toks[i, :int(lens[i])]) for i in range(len(PROMPT_LENGTHS))]
+    made, real = [], engine.init_sharded
+
+    def spy(*a, **k):
+        st = real(*a, **k)
+        if not isinstance(st.cache.k, jax.core.Tracer):   # serve also traces one (eval_shape) for the batch axes
+            made.append(spec_str(st.cache.k.sharding.spec))
+        return st
+
+    engine.init_sharded = spy
+    res["serve"] = []
+    try:
+        for staged in (False, True):
+            made.clear()
+            outs, st = serve(p, cfg, SpecConfig(method="vegas", gamma=3, budget=8), GREEDY, ids, batch=2,
+                             capacity=CAPACITY, max_new_tokens=NEW, refill=1, staged=staged, mesh=mesh)
+            same = all(len(o) == NEW and (np.asarray(o) == ref[i]).all() for i, o in enumerate(outs))
+            res["serve"].append(dict(staged=staged, same=same, prefills=len(made), cache_k=sorted(set(made)),
+                                     tau=st.tau))
+        # The public entry point: jspec.generate(slots=...) on a Model that carries the mesh.
+        import jspec
+
+        class _Tok:
+            def decode(self, ids, skip_special_tokens=True):
+                return ""
+
+        made.clear()
+        m = jspec.Model(params=p, cfg=cfg, tokenizer=_Tok(), path="tiny", mesh=mesh)
+        out = jspec.generate(m, [o.tolist() for o in ids], method="vegas", gamma=3, budget=8, max_new_tokens=NEW,
+                             slots=2, refill=1, ignore_eos=True)
+        same = all((np.asarray(t) == ref[i]).all() and len(t) == NEW for i, t in enumerate(out.tokens))
+        res["serve"].append(dict(staged="generate", same=same, prefills=len(made), cache_k=sorted(set(made)),
+                                 tau=out.stats.tau))
+    finally:
+        engine.init_sharded = real
+
+
 def main():
     res = {"greedy": []}
-    which = sys.argv[1:] or ["errors", "greedy", "pallas", "vegas"]
+    which = sys.argv[1:] or ["errors", "greedy", "pallas", "vegas", "serve"]
     for name in which:
         globals()[f"check_{name}"](res)
     print(json.dumps(res))

@@ -5,7 +5,8 @@ must be set before jax is first imported, and this process may already have impo
 assert on the worker's JSON report:
 
 - greedy prefill + decode on head-sharded params and cache is token-identical to the unsharded run (llama and
-  qwen2, f32 and bf16, tp = 2 and 4; N=8, K=4), and so is greedy vegas (bf16, tp=2);
+  qwen2, f32 and bf16, tp = 2 and 4; N=8, K=4), and so is greedy vegas (bf16, tp=2), also served through 2 slots
+  with refills (`speculative.serve(mesh=...)`, waiting and staged);
 - the params and the cache after decode carry exactly the shardings asked for;
 - the Pallas kernels under `AttnImpl(mesh=...)` (shard_map per head shard, interpret mode, head_dim 64)
   match the unsharded XLA path, scores summed over the shards included;
@@ -77,6 +78,16 @@ def test_vegas_greedy_sharded_matches_unsharded(report):
     for c in v:
         assert c["same"], c
         assert c["cache_k"] == "(None, None, None, 'tp')"
+
+
+def test_serve_sharded_matches_unsharded(report):
+    runs = report["serve"]
+    assert [r["staged"] for r in runs] == [False, True, "generate"]   # serve twice, then jspec.generate(slots=2)
+    for r in runs:
+        assert r["same"], r
+        # The first 2 slots, then the third prompt (its own prefill, or the staged batch of one): every
+        # prefill made a head-sharded cache.
+        assert r["prefills"] >= 2 and r["cache_k"] == ["(None, None, None, 'tp')"], r
 
 
 def test_errors_name_the_numbers(report):

@@ -165,7 +165,8 @@ def _bucket(n: int, step: int = 256) -> int:
 
 def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prompts: Sequence, *, batch: int,
           capacity: int, max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl(), drafter=None,
-          seed: int = 0, refill: int | None = None, staged: bool = False, progress: bool = False, on_result=None):
+          seed: int = 0, refill: int | None = None, staged: bool = False, progress: bool = False, on_result=None,
+          mesh=None):
     """Generate for every prompt (lists / arrays of token ids, any count) through `batch` slots.
 
     Returns (outputs: one int32 array of emitted tokens per prompt, in order; ServeStats). Prompts are
@@ -182,6 +183,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
     on_result: called as on_result(i, tokens) the moment the host learns request i is done (in finishing
     order), e.g. to stream answers out of a server loop.
+    mesh: the params' tensor-parallel mesh (`jspec.sharding`; `jspec.load(devices=N)` sets `Model.mesh`):
+    every prefill creates its cache rows head-sharded on it (`engine.init_sharded`).
     """
     prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
     if not prompts:
@@ -207,6 +210,8 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
         for i, p in enumerate(ids):
             toks[i, :len(p)] = p
         lens = np.array([len(p) for p in ids], np.int32)
+        if mesh is not None:
+            return engine.init_sharded(params, cfg, spec, toks, lens, capacity, mesh, impl=impl, drafter=drafter)
         return engine.init(params, cfg, spec, jnp.asarray(toks), jnp.asarray(lens), capacity, impl=impl,
                            drafter=drafter)
 

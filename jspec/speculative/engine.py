@@ -105,6 +105,21 @@ def init(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengt
     return _prepare(params, cfg, spec, cache, logits[:, 0], last, impl, drafter, prompt_tokens)
 
 
+def init_sharded(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengths, capacity: int, mesh,
+                 impl: AttnImpl = AttnImpl(), drafter=None) -> State:
+    """`init` for tensor-parallel params: the cache is created in the mesh's head-sharded layout
+    (`sharding.init_cache`; inside `init` its layout would be left to XLA), then the same prefill
+    (`decoding.prefill`) and `prepare`. Not jitted as a whole: two programs."""
+    from jspec import decoding, sharding
+
+    tokens, lengths = jnp.asarray(prompt_tokens), jnp.asarray(prompt_lengths, jnp.int32)
+    cache = sharding.init_cache(cfg, mesh, batch=tokens.shape[0], capacity=capacity)
+    logits, cache = decoding.prefill(params, cfg, tokens, lengths, cache, impl=impl)
+    last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    extra = dict(drafter=drafter, prompt_tokens=tokens) if spec.method == "longspec" else {}
+    return prepare(params, cfg, spec, cache, logits, last, impl=impl, **extra)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "impl"), donate_argnames=("cache",))
 def prepare(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, logits, last_token,
             impl: AttnImpl = AttnImpl(), drafter=None, prompt_tokens=None) -> State:
