@@ -1,5 +1,6 @@
 """Plot bench/spec.py's JSON: speedup over ar against prompt length (one panel per batch size, one line per
-method), and at the sweep shape tau against the draft budget (vegas vs streaming) and vegas' gamma sweep.
+method), and at the sweep shape tau against the draft budget (vegas vs streaming, and vegas-pageN where it
+ran) and vegas' gamma sweep.
 
     python bench/plot_spec.py bench/results/spec_h200.json [out_prefix]
       -> <out_prefix>_speedup.png, <out_prefix>_tau_budget.png
@@ -55,10 +56,11 @@ def main(path, prefix=None):
     at = [r for r in recs if r["L"] == L and r["B"] == B and r["method"] != "ar"
           and r.get("knobs", {}).get("collect", "c2q") == "c2q" and r.get("knobs", {}).get("score_mode") == "weights"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for m in ("vegas", "streaming", "quest"):
+    pages = sorted({r["method"] for r in at if r["method"].startswith("vegas-page")})   # vegas in whole pages
+    for i, m in enumerate(["vegas", "streaming", "quest"] + pages):
         pts = sorted((r["budget"], r["tau"]) for r in at if r["method"] == m and r["gamma"] == gamma)
         if pts:
-            a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=m, color=COLORS[m])
+            a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=m, color=COLORS.get(m, f"C{6 + i}"))
     a1.set_xscale("log", base=2)
     a1.set_xlabel("draft budget (KV slots)")
     a1.set_ylabel(f"tau (tokens per verification), gamma {gamma}")
