@@ -34,8 +34,8 @@ def main():
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r[0] for r in rows], fontsize=7)
     ax.set_ylabel("speedup over static ar batches")
-    ax.set_title("Continuous batching (servedK: K free slots refilled together; stagedK: K prefilled ahead, refilled "
-                 "on the device) vs static batches, greedy, 256 new", fontsize=9)
+    ax.set_title("Continuous batching (servedK: K free slots refilled together; stagedK: K prefilled ahead,\n"
+                 "refilled on the device) vs static batches, greedy, 256 new", fontsize=9)
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
