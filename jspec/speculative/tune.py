@@ -142,6 +142,14 @@ def search(measure: Callable[[SpecConfig], tuple[float, float]], make_spec: Call
     return {"ratio": r, "gamma": g, "stage1_ratio": r1, "measurements": records}
 
 
+def _page_sizes(pages) -> list:
+    """Sorted distinct page sizes, each >= 1 (InputError otherwise)."""
+    pages = sorted({int(p) for p in pages})
+    if not pages or pages[0] < 1:
+        raise InputError(f"page sizes {pages} must be integers >= 1")
+    return pages
+
+
 def pick_page(measure: Callable[[SpecConfig], tuple[float, float]], make_spec: Callable[..., SpecConfig],
               found: dict, pages: Sequence[int], *, on_measure: Optional[Callable[[dict], None]] = None,
               precompile: Optional[Callable[[list], None]] = None) -> dict:
@@ -149,9 +157,7 @@ def pick_page(measure: Callable[[SpecConfig], tuple[float, float]], make_spec: C
     hold the single-slot config), measure make_spec(ratio, gamma, page) for each page size > 1 in `pages` and
     keep the fastest; single slots win ties. Returns `found` with "select_page" set and the new records
     ({"stage": 4, ..., "select_page"}) appended to its measurements."""
-    pages = sorted({int(p) for p in pages})
-    if not pages or pages[0] < 1:
-        raise InputError(f"page sizes {pages} must be integers >= 1")
+    pages = _page_sizes(pages)
     r, g = found["ratio"], found["gamma"]
     records = list(found["measurements"])
     base = next(m for m in records if (m["ratio"], m["gamma"]) == (r, g))
@@ -233,9 +239,7 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         for g in gammas:
             if int(g) < 1:
                 raise InputError(f"gamma {g} must be >= 1")
-        pages = sorted({int(p) for p in pages}) if method == "vegas" else [1]
-        if not pages or pages[0] < 1:
-            raise InputError(f"page sizes {pages} must be integers >= 1")
+        pages = _page_sizes(pages) if method == "vegas" else [1]   # checked before the prefill
     cfg = model.cfg
     if prompts is None:
         from jspec import data
