@@ -1,13 +1,20 @@
-"""Launch-parameter sweep of flash_scores at one decode/verify shape (is the default the fastest there?).
+"""Launch-parameter sweep of flash_scores or sparse_attention at one decode/verify shape (is the default the
+fastest there?).
 
     PYTHONPATH=. python bench/flash_sweep.py --out $OUT/flash_sweep_h200.json [--B 64 --S 8064 --kv-len 8000]
+    PYTHONPATH=. python bench/flash_sweep.py --kernel sparse --out $OUT/sparse_sweep_h200.json [--budget 512]
 
 SmolLM2-135M attention (N=9, K=3, H=64), bf16 cache [B, S, K, H] read in place as layer 1 of a 2-layer
 stacked cache (as the model calls it), T=1 (decode) and T=5 with score_rows=(0, 4) (Vegas' verification).
 For each T: the default BlockSizes, then a grid of block_k x num_splits x num_stages (4 warps; and 8 at
 block_k 128); each timed as bench/kernels.py times kernels (median over reps of back-to-back calls, >= 5 ms
 per sample).
-Also the same bytes in a head-major layout (K=1 and B*K sequences of G query heads: every (sequence,
+--kernel sparse: a Vegas draft step's sparse_attention (T=1 plus its causal tail, every layer's selections
+[L, B, M] read at layer 1 as the model passes them), `--budget` selected entries per row either as whole
+aligned pages of 16 (`SpecConfig(select_page=16)`) or as single positions (the default selection): the default
+BlockSizes, then block_k x num_splits x num_stages x num_warps on the page pattern, then the fastest few of
+those and the default on single positions. Bandwidth counts the gathered K/V bytes.
+Also (flash) the same bytes in a head-major layout (K=1 and B*K sequences of G query heads: every (sequence,
 head) reads one contiguous stretch of keys): does the [S, K, H] interleave of the cache cost bandwidth?
 """
 from __future__ import annotations
@@ -21,6 +28,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import HBM_BYTES_PER_S, base_record, write_json  # noqa: E402
@@ -37,6 +45,8 @@ def main():
     ap.add_argument("--kv-len", type=int, default=8000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--kernel", default="flash", choices=["flash", "sparse"])
+    ap.add_argument("--budget", type=int, default=512, help="sparse: selected entries per row")
     a = ap.parse_args()
     N, K, H = 9, 3, 64
     B, S = a.B, a.S
@@ -49,8 +59,11 @@ def main():
     bytes_moved = 2 * B * a.kv_len * K * H * 2
     records = []
 
+    if a.kernel == "sparse":
+        bytes_moved = 2 * B * (a.budget + 1) * K * H * 2
+
     def measure(label, fn, args, **fields):
-        rec = base_record(kind="flash_sweep", label=label, B=B, S=S, kv_len=a.kv_len, **fields)
+        rec = base_record(kind=f"{a.kernel}_sweep", label=label, B=B, S=S, kv_len=a.kv_len, **fields)
         if time.time() > deadline:
             rec["skipped"] = "time budget exhausted"
         else:
@@ -65,6 +78,8 @@ def main():
         records.append(rec)
         return rec
 
+    if a.kernel == "sparse":
+        return sparse_sweep(a, measure, records, k_all, v_all, kq)
     for T, rows in ((1, ()), (5, (0, 4))):
         q = jax.random.normal(kq, (B, T, N, H), jnp.bfloat16)
 
@@ -99,6 +114,56 @@ def main():
                                 "default_us": dflt and dflt["time_us"],
                                 "head_major_us": next((r["time_us"] for r in ok
                                                        if r["T"] == T and r.get("layout")), None)}
+    write_json(a.out, records, summary)
+    print(summary)
+
+
+def sparse_sweep(a, measure, records, k_all, v_all, kq):
+    """The draft step's sparse_attention: pages of 16 over the launch grid, then single positions."""
+    sa = importlib.import_module("pallas_kernels.sparse_attention")
+    N, K, H = 9, 3, 64
+    B, M, T = a.B, a.budget, 1
+    rng = np.random.default_rng(0)
+    past = a.kv_len - T    # selections lie before the new token
+
+    def pattern(page):
+        rows = [np.sort(rng.choice(past // page, M // page, replace=False))[:, None] * page + np.arange(page)
+                for _ in range(2 * B)]
+        return jnp.asarray(np.stack(rows).reshape(2, B, M), jnp.int32)
+
+    q = jax.random.normal(kq, (B, T, N, H), jnp.bfloat16)
+    kv_len = jnp.full((B,), a.kv_len + T, jnp.int32)
+    n_valid = jnp.full((2, B), M, jnp.int32)
+
+    def call(q, k, v, idx, bs=None):
+        return pk.sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, block_sizes=bs, layer=1)[0]
+
+    d = sa.default_block_sizes(T * (N // K), H, jnp.bfloat16)
+    fields = dict(T=T, budget=M)
+    idxs = {page: pattern(page) for page in (16, 1)}
+    for page, idx in idxs.items():   # both defaults first, whatever the time budget leaves of the grid
+        measure(f"page={page} default {d}", call, (q, k_all, v_all, idx), page=page, default=True,
+                block_k=d.block_k, num_splits=None, num_stages=d.num_stages, num_warps=d.num_warps, **fields)
+    for page, idx in idxs.items():
+        if page == 16:
+            grid = list(itertools.product((32, 64, 128, 256), (1, 2, 3, 4, 6), (2, 3), (2, 4)))
+            grid += [(bk, sp, 1, 1) for bk in (64, 128) for sp in (1, 2, 4)]
+        else:   # the page pattern's five fastest
+            ok = sorted((r for r in records if "time_us" in r and not r.get("default")), key=lambda r: r["time_us"])
+            grid = [(r["block_k"], r["num_splits"], r["num_stages"], r["num_warps"]) for r in ok[:5]]
+        for bk, sp, st, nw in grid:
+            bs = pk.BlockSizes(block_m=64, block_k=bk, num_splits=sp, num_stages=st, num_warps=nw)
+            measure(f"page={page} block_k={bk} splits={sp} stages={st} warps={nw}",
+                    lambda q, k, v, i, bs=bs: call(q, k, v, i, bs), (q, k_all, v_all, idx), page=page,
+                    block_k=bk, num_splits=sp, num_stages=st, num_warps=nw, **fields)
+    ok = [r for r in records if "time_us" in r]
+    summary = {}
+    for page in (16, 1):
+        rs = [r for r in ok if r["page"] == page]
+        if rs:
+            best = min(rs, key=lambda r: r["time_us"])
+            summary[f"page{page}"] = {"best": best["label"], "best_us": best["time_us"],
+                                      "default_us": next((r["time_us"] for r in rs if r.get("default")), None)}
     write_json(a.out, records, summary)
     print(summary)
 

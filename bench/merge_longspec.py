@@ -6,7 +6,8 @@
 Records are concatenated (a config measured in two runs keeps the first file's record), the summary is
 rebuilt by longspec.py's own `_summary` at --shape, Hugging Face's static-cache figures are merged from an
 earlier hf_decode.py result on the same prompts (bench/spec_hf.py's `merge`), and drafter_train_minutes is
-the summed wall time of the given train_drafter.py summaries (a run resumed across calls has one per call).
+the summed wall time of the given train_drafter.py summaries (a run resumed across calls has one per call),
+else the first run's own figure (longspec.py reads it from the drafter's summary.json).
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def main():
         train = [json.load(open(p)) for p in a.train_summary]
         summary["drafter_train_minutes"] = round(sum(t["wall_s"] for t in train) / 60, 1)
         summary["drafter_train_tokens"] = max(t["tokens"] for t in train)
+    elif "drafter_train_minutes" in docs[0]["summary"]:   # the runs' own (read from the drafter's summary.json)
+        summary["drafter_train_minutes"] = docs[0]["summary"]["drafter_train_minutes"]
     doc = {"records": records, "summary": summary}
     if a.hf_json:
         merge_hf(doc, json.load(open(a.hf_json)), 64, a.hf_json)
