@@ -45,7 +45,6 @@ def opcode(rhs: str) -> str:
 
 
 def describe(dump_dir: str, names: list[str]) -> dict:
-    wanted = {n: n.replace("_", ".") for n in names}   # trace names: '.' became '_'
     best = None
     for path in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")):
         with open(path) as f:
@@ -58,8 +57,8 @@ def describe(dump_dir: str, names: list[str]) -> dict:
                 if m:
                     instrs[m.group(1)] = m.group(2)
         found = {}
-        for trace_name in names:   # dots and underscores both occur in HLO names: try the likely spellings
-            for cand in (wanted[trace_name], trace_name, re.sub(r"_(\d+)$", r".\1", trace_name)):
+        for trace_name in names:   # a trace spells `fusion.29` as `fusion_29`; names without a number stay
+            for cand in (re.sub(r"_(\d+)$", r".\1", trace_name), trace_name):
                 if cand in instrs:
                     found[trace_name] = cand
                     break
