@@ -244,8 +244,8 @@ def main(argv=None):
     u.add_argument("--ratios", default=None, help="candidate ratios, comma-separated (default 0.01,0.02,0.05,0.1,0.2)")
     u.add_argument("--gammas", default=None, help="candidate gammas, comma-separated (default 2,3,4,6,8)")
     u.add_argument("--pages", default=None,
-                   help="vegas' stage 4: candidate page sizes of the selection, comma-separated (default 1,16: "
-                        "single slots, then whole aligned pages of 16; 1 skips the stage)")
+                   help="vegas' stage 4: candidate page sizes of the selection, comma-separated (default 1,8,16: "
+                        "single slots, then whole aligned pages of 8 and 16; 1 skips the stage)")
     u.add_argument("--gamma0", type=int, default=None, help="gamma of stage 1 (default: the median candidate)")
     u.add_argument("--plateau-tol", type=float, default=0.02,
                    help="stage 1 stops when one ratio step raises tau by less than this fraction")

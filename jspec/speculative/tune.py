@@ -10,7 +10,8 @@
     4. page    (vegas, with `pages` beyond 1) at that ratio and gamma, try selecting whole aligned pages of each
                candidate size (SpecConfig.select_page; the budget rounded up to whole pages) and keep the
                fastest, single slots on a tie. On the H200 at L=8000 pages of 8-32 slots ran 1.60-1.66x ar
-               against 1.44-1.47x for single slots (B=64) at the same or higher tau (README).
+               against 1.44-1.47x for single slots (B=64) at the same or higher tau, and pages of 8 were the
+               fastest at L=2048, 4096 and in `jspec tune` at L=8000 (README).
 
 The search (`search`) only sees a `measure(spec) -> (tau, tokens_per_s)` callable, so its rules are tested
 without a model. `tune` measures on a real model: one prefill serves every config (the cache is rolled back
@@ -52,7 +53,7 @@ from jspec.speculative.config import METHODS, SpecConfig
 
 DEFAULT_RATIOS = (0.01, 0.02, 0.05, 0.1, 0.2)
 DEFAULT_GAMMAS = (2, 3, 4, 6, 8)
-DEFAULT_PAGES = (1, 16)   # vegas' stage 4: single slots (the paper's rule), then pages of 16
+DEFAULT_PAGES = (1, 8, 16)   # vegas' stage 4: single slots (the paper's rule), then pages of 8 and 16
 GREEDY = SamplingConfig()
 
 TUNABLE = ("streaming", "quest", "vegas", "longspec")
