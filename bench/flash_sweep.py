@@ -141,15 +141,22 @@ def sparse_sweep(a, measure, records, k_all, v_all, kq):
     d = sa.default_block_sizes(T * (N // K), H, jnp.bfloat16)
     fields = dict(T=T, budget=M)
     idxs = {page: pattern(page) for page in (16, 1)}
-    for page, idx in idxs.items():   # both defaults first, whatever the time budget leaves of the grid
+    def fused(q, k, v, idx):
+        return pk.sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, layer=1, fuse_heads=True)[0]
+
+    for page, idx in idxs.items():   # both defaults (and fused heads) first, whatever the budget leaves
         measure(f"page={page} default {d}", call, (q, k_all, v_all, idx), page=page, default=True,
                 block_k=d.block_k, num_splits=None, num_stages=d.num_stages, num_warps=d.num_warps, **fields)
+        measure(f"page={page} fused heads, default {d}", fused, (q, k_all, v_all, idx), page=page,
+                fused=True, block_k=d.block_k, num_splits=None, num_stages=d.num_stages, num_warps=d.num_warps,
+                **fields)
     for page, idx in idxs.items():
         if page == 16:
             grid = list(itertools.product((32, 64, 128, 256), (1, 2, 3, 4, 6), (2, 3), (2, 4)))
             grid += [(bk, sp, 1, 1) for bk in (64, 128) for sp in (1, 2, 4)]
         else:   # the page pattern's five fastest
-            ok = sorted((r for r in records if "time_us" in r and not r.get("default")), key=lambda r: r["time_us"])
+            ok = sorted((r for r in records if "time_us" in r and not r.get("default") and not r.get("fused")),
+                        key=lambda r: r["time_us"])
             grid = [(r["block_k"], r["num_splits"], r["num_stages"], r["num_warps"]) for r in ok[:5]]
         for bk, sp, st, nw in grid:
             bs = pk.BlockSizes(block_m=64, block_k=bk, num_splits=sp, num_stages=st, num_warps=nw)
@@ -163,7 +170,8 @@ def sparse_sweep(a, measure, records, k_all, v_all, kq):
         if rs:
             best = min(rs, key=lambda r: r["time_us"])
             summary[f"page{page}"] = {"best": best["label"], "best_us": best["time_us"],
-                                      "default_us": next((r["time_us"] for r in rs if r.get("default")), None)}
+                                      "default_us": next((r["time_us"] for r in rs if r.get("default")), None),
+                                      "fused_us": next((r["time_us"] for r in rs if r.get("fused")), None)}
     write_json(a.out, records, summary)
     print(summary)
 

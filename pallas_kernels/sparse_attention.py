@@ -15,6 +15,13 @@ entries before n_valid are visible to every row. The grid is (B, K, row blocks, 
 over the list so a batch of one still fills the GPU, partial (out, lse) merged exactly afterwards.
 K/V rows are gathered with integer-array ref indexing (`k_ref[idx, :]`): each row is H contiguous
 elements, so a gather of block_k rows is block_k coalesced 128/256-byte reads.
+
+Fused heads (`fuse_heads=True`, when K*T*G query rows fit one row block, e.g. a SmolLM2 draft step's 9): one
+program per (sequence, row block, split) instead of one per KV head. The cache is viewed as [L, B, S*K, H]
+(a free reshape), so one position's K heads are adjacent rows and a selected position costs one contiguous
+K*H*itemsize read (384 bytes for SmolLM2) instead of K separate 128-byte reads in K programs; each step
+gathers block_k/hp entries x hp lanes (hp = K rounded up to a power of two for Triton's shapes; the extra lane
+repeats the last head and is masked), and a query row's scores keep only its own head's lanes.
 """
 from __future__ import annotations
 
@@ -40,18 +47,25 @@ def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
 
 
 def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, T, n_tail,
-                   sm_scale, block_k, per_split, per_layer):
+                   sm_scale, block_k, per_split, per_layer, heads):
     """layer_ref, kv_len_ref: [] int32; n_valid_ref [Li] int32, idx_ref: [Li, M] int32 selected positions (junk
     past n_valid), read at row `layer` when per_layer (one selection per layer) else row 0; q_ref: [bm,H];
-    k_ref, v_ref: [L,S,H] (read at layer `layer_ref`); outputs o_ref [bm,H], lse_ref [bm] for this split."""
+    k_ref, v_ref: [L,S*heads,H] (read at layer `layer_ref`); outputs o_ref [bm,H], lse_ref [bm] for this split.
+
+    heads > 1 (fused heads): the program holds the packed query rows of all `heads` KV heads (row r belongs to
+    head r // (T*G)) and the cache rows of one position's heads are adjacent (position p, head j at row
+    p*heads + j): each step gathers block_k entries x hp (heads rounded up to a power of two, the extra lanes
+    repeat the last head and are masked) rows, and a query row only sees the keys of its own head."""
     block_m, head_dim = q_ref.shape
-    M, S = idx_ref.shape[1], k_ref.shape[1]
+    M, S = idx_ref.shape[1], k_ref.shape[1] // heads
     m_blk, split = pl.program_id(2), pl.program_id(3)
     layer, kv_len = layer_ref[()], kv_len_ref[()]
     li = layer if per_layer else 0
     n_valid = jnp.clip(n_valid_ref[li], 0, M)
     n_total = n_valid + n_tail
-    t = (m_blk * block_m + jnp.arange(block_m)) // G
+    r = m_blk * block_m + jnp.arange(block_m)
+    t = (r % (T * G)) // G
+    hp = C.next_pow2(heads)
     lo = split * per_split
     hi = jnp.minimum(lo + per_split, pl.cdiv(n_total, block_k))
     mid = jnp.clip(n_valid // block_k, lo, hi)  # blocks of selected entries only: no mask needed
@@ -61,18 +75,26 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
     def body(masked):
         def step(i, carry):
             start = pl.multiple_of(i * block_k, block_k)
-            e = start + jnp.arange(block_k)
+            lane = jnp.arange(block_k * hp)            # entry lane // hp, head lane % hp
+            e = start + lane // hp
             idx = idx_ref[li, jnp.minimum(e, M - 1)]   # a gather: in bounds for any M, no padding needed
             if masked:   # the list's end: selected entries, then the tail, then nothing
                 tail_pos = jnp.where(e < n_total, kv_len - T + (e - n_valid), 0)   # past the list: a finite slot
                 idx = jnp.where(e < n_valid, idx, tail_pos)
             idx = jnp.clip(idx, 0, S - 1)
+            if heads > 1:
+                idx = idx * heads + jnp.minimum(lane % hp, heads - 1)
             k = k_ref[layer, idx, :]
             v = v_ref[layer, idx, :]
             s = C.dot_nt(q, k) * scale2
+            seen = None
+            if heads > 1:
+                seen = (r // (T * G))[:, None] == (lane % hp)[None, :]
             if masked:
                 rel = (e - n_valid)[None, :]  # >= 0: tail token number
-                seen = (rel < 0) | ((rel <= t[:, None]) & (rel < n_tail))
+                ok = (rel < 0) | ((rel <= t[:, None]) & (rel < n_tail))
+                seen = ok if seen is None else seen & ok
+            if seen is not None:
                 s = jnp.where(seen, s, -jnp.inf)
             return C.softmax_step(carry, s, v)
 
@@ -81,10 +103,15 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
     C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
 
 
-@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret"))
+# Fused heads (module docstring) when all heads' packed query rows fit one row block (decode-sized steps).
+# Off by default until an H200 run shows it faster in the model.
+FUSE_HEADS = False
+
+
+@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "fuse_heads"))
 def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
-                            interpret=False, layer=None):
-    """Pallas implementation of `sparse_attention` (same arguments)."""
+                            interpret=False, layer=None, fuse_heads=None):
+    """Pallas implementation of `sparse_attention` (same arguments; fuse_heads: None = FUSE_HEADS)."""
     K, G = C.check_attention_shapes(q, k, v, layer)
     C.check_platform(interpret)
     B, T, N, H = q.shape
@@ -95,27 +122,36 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
                          f"{n_valid.shape=} {k.shape=} {layer=}")
     sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
     bs = block_sizes or default_block_sizes(T * G, H, q.dtype)
-    block_m = C.row_block(T * G, bs.block_m)
-    block_k = min(bs.block_k, C.prev_pow2(S))
-    if block_k < 16:
+    fuse = (FUSE_HEADS if fuse_heads is None else fuse_heads) and K > 1 and K * T * G <= bs.block_m
+    heads = K if fuse else 1
+    block_m = C.row_block(heads * T * G, bs.block_m)
+    hp = C.next_pow2(heads)   # gathered rows per entry (fused heads): block_k entries are block_k * hp rows
+    block_k = min(max(1, bs.block_k // hp), C.prev_pow2(S))
+    if S < 16 or block_k * hp < 16:
         raise NotImplementedError(f"{S=} must be >= 16")
-    qp = C.pack_queries(q, K, block_m)
+    qp = C.pack_queries(q, K, 1 if fuse else block_m)
+    if fuse:   # [B, K, T*G, H] -> one row block of all heads [B, 1, K*T*G (padded), H]
+        qp = qp.reshape(B, 1, K * T * G, H)
+        qp = jnp.pad(qp, ((0, 0), (0, 0), (0, block_m - K * T * G), (0, 0)))
     n_m = qp.shape[2] // block_m
     n_tail = T if tail else 0
-    splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * K * n_m, bs.num_splits, min_blocks=2,
-                                     resident=C.resident_programs(bs, block_k, H, k.dtype))
+    splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * (K // heads) * n_m, bs.num_splits,
+                                     min_blocks=2, resident=C.resident_programs(bs, block_k * heads, H, k.dtype))
     kernel = functools.partial(_sparse_kernel, G=G, T=T, n_tail=n_tail, sm_scale=sm_scale, block_k=block_k,
-                               per_split=per_split, per_layer=per_layer)
+                               per_split=per_split, per_layer=per_layer, heads=heads)
     if not per_layer:
         idx, n_valid = idx[None], n_valid[None]
     Li = idx.shape[0]
     scalar = pl.BlockSpec((None,), lambda b, h, m, s: (b,))
     k, v, layer = C.as_stacked(k, v, layer)
+    if fuse:   # [L,B,S,K,H] -> [L,B,S*K,1,H]: position p's heads are adjacent rows (a free reshape)
+        L_ = k.shape[0]
+        k, v = k.reshape(L_, B, S * K, 1, H), v.reshape(L_, B, S * K, 1, H)
     kv_spec = C.kv_block_spec(k)
     out_dtype = jnp.float32 if splits > 1 else q.dtype
     o, lse = pl.pallas_call(
         kernel,
-        grid=(B, K, n_m, splits),
+        grid=(B, K // heads, n_m, splits),
         in_specs=[
             C.LAYER_SPEC,
             pl.BlockSpec((Li, None), lambda b, h, m, s: (0, b)),
@@ -130,14 +166,17 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
             pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((splits, B, K, qp.shape[2], H), out_dtype),
-            jax.ShapeDtypeStruct((splits, B, K, qp.shape[2]), jnp.float32),
+            jax.ShapeDtypeStruct((splits, B, K // heads, qp.shape[2], H), out_dtype),
+            jax.ShapeDtypeStruct((splits, B, K // heads, qp.shape[2]), jnp.float32),
         ],
         compiler_params=bs.compiler_params(),
         interpret=interpret,
         name="sparse_attention",
     )(layer, n_valid.astype(jnp.int32), kv_len.astype(jnp.int32), idx.astype(jnp.int32), qp, k, v)
     o, lse = C.combine_splits(o, lse)
+    if fuse:   # back to [B, K, T*G, ...] per head
+        o = o[:, 0, : K * T * G].reshape(B, K, T * G, H)
+        lse = lse[:, 0, : K * T * G].reshape(B, K, T * G)
     return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
 
 

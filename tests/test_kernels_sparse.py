@@ -1,6 +1,8 @@
 """sparse_attention kernel vs the f32 reference (interpret mode on CPU, native on GPU)."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,3 +164,39 @@ def test_lowers_to_triton_at_model_shapes(N, K, H, T):
     hlo = lower_for_h200(pk.sparse_attention_kernel, sd((2, T, N, H), BF16), kv, kv, sd((2, 410), jnp.int32), i32,
                          i32)
     assert triton_calls(hlo) == 1
+
+
+# Fused heads (`fuse_heads=True`): one program per sequence holds every KV head's packed query rows and
+# gathers each selected position's heads together (adjacent cache rows); a query row sees its own head only.
+FUSED_CASES = [   # (B, T, N, K, H, S, M, dtype, tail, block sizes)
+    (3, 1, 9, 3, 64, 128, 24, F32, True, None),                  # SmolLM2 draft step: 9 rows, 3 heads -> 4 lanes
+    (2, 5, 8, 4, 64, 112, 40, F32, True, BS(block_k=32, num_splits=2)),   # 40 rows, split-K, 8 entries/step
+    (2, 1, 8, 2, 128, 96, 30, BF16, True, None),                 # H=128, 2 heads
+    (3, 2, 12, 3, 64, 128, 50, F32, False, BS(block_k=64)),      # no tail, 16 entries/step
+]
+
+
+@pytest.mark.parametrize("B,T,N,K,H,S,M,dtype,tail,bs", FUSED_CASES)
+def test_fused_heads_match_reference(B, T, N, K, H, S, M, dtype, tail, bs):
+    args = _inputs(3000 + T + S + M, B, T, N, K, H, S, M, dtype, sort=False, tail=tail)
+    fused = compiled(pk.sparse_attention_kernel, *_STATIC, "fuse_heads")
+    out, lse = fused(*args, tail=tail, block_sizes=bs, interpret=INTERPRET, fuse_heads=True)
+    r_out, r_lse = reference(*args, tail=tail)
+    assert_close(out, r_out, dtype, "out")
+    assert_close(lse, r_lse, dtype, "lse")
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+def test_fused_heads_lower_to_one_triton_call_with_one_program_per_sequence():
+    """At the draft step's shape the fused launch is one Triton kernel whose grid has no KV-head axis."""
+    sd = jax.ShapeDtypeStruct
+    B, S, L = 64, 8192, 2
+    kv = sd((L, B, S, 3, 64), BF16)
+    grid_x = {}
+    for fuse in (True, False):
+        hlo = lower_for_h200(pk.sparse_attention_kernel, sd((B, 1, 9, 64), BF16), kv, kv,
+                             sd((L, B, 512), jnp.int32), sd((L, B), jnp.int32), sd((B,), jnp.int32), layer=1,
+                             fuse_heads=fuse)
+        assert triton_calls(hlo, "sparse_attention") == 1
+        grid_x[fuse] = int(re.search(r"grid_x = (\d+)", hlo).group(1))
+    assert grid_x == {True: B, False: B * 3}
