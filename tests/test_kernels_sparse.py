@@ -200,3 +200,21 @@ def test_fused_heads_lower_to_one_triton_call_with_one_program_per_sequence():
         assert triton_calls(hlo, "sparse_attention") == 1
         grid_x[fuse] = int(re.search(r"grid_x = (\d+)", hlo).group(1))
     assert grid_x == {True: B, False: B * 3}
+
+
+def test_fused_heads_read_the_stacked_cache_and_per_layer_selections():
+    """As the model calls it: every layer's selections [L,B,M] and the stacked cache read at a traced layer."""
+    L, B, S, M = 3, 2, 96, 20
+    rng = np.random.default_rng(9)
+    qkv = [random_qkv(40 + i, B, 1, 9, 3, 64, S, F32) for i in range(L)]
+    q = qkv[0][0]
+    k_all, v_all = jnp.stack([x[1] for x in qkv]), jnp.stack([x[2] for x in qkv])
+    kv_len = ragged_lengths(rng, B, 1, S)
+    n_valid = np.stack([np.minimum(rng.integers(1, M + 1, size=B), kv_len - 1) for _ in range(L)])
+    idx = np.stack([random_index_sets(rng, M, kv_len, 1, sort=False, n_valid=n_valid[i]) for i in range(L)])
+    args = (q, k_all, v_all, jnp.asarray(idx), jnp.asarray(n_valid, jnp.int32), jnp.asarray(kv_len))
+    run = compiled(pk.sparse_attention_kernel, *_STATIC, "fuse_heads")
+    got = run(*args, layer=jnp.int32(2), tail=True, interpret=INTERPRET, fuse_heads=True)
+    ref = pk.sparse_attention_reference(*args, layer=2)
+    assert_close(got[0], ref[0], F32, "out")
+    assert_close(got[1], ref[1], F32, "lse")
