@@ -7,8 +7,8 @@
 A profiler trace names a kernel after its fusion instruction (`loop_pad_fusion_29` for `%loop_pad_fusion.29`),
 which says little about what it computes. This reads the optimized HLO (`*after_optimizations.txt`) of the
 module holding most of the asked names (the decode loop, not the prefill) and, for each name, records the
-instruction line and the opcodes of the computation it calls, so a round table's "other fusion" time can be
-attributed to the model code that made it. Names come from --names or from a round_table record's top kernels.
+instruction line, the opcodes of the computation it calls and the jax ops they came from, so a round table's
+"other fusion" time can be attributed to the model code that made it. Names come from --names or from a round_table record's top kernels.
 """
 from __future__ import annotations
 
@@ -78,9 +78,10 @@ def describe(dump_dir: str, names: list[str]) -> dict:
         ops = collections.Counter(opcode(_INSTR.match(ln).group(2)) for ln in body if _INSTR.match(ln))
         for skip in ("parameter", "constant"):
             ops.pop(skip, None)
-        srcs = sorted({m.group(1) for ln in body for m in [re.search(r'op_name="([^"]+)"', ln)] if m})
-        out["fusions"][trace_name] = {"instruction": rhs[:400], "ops": dict(ops.most_common()), "op_names": srcs,
-                                      "body": [ln[:200] for ln in body][:40]}
+        # the jax ops it came from, without the enclosing jit/while path (e.g. "jit(silu)/exp")
+        srcs = sorted({m.group(1).split("eval_jaxpr/")[-1] for ln in body
+                       for m in [re.search(r'op_name="([^"]+)"', ln)] if m})
+        out["fusions"][trace_name] = {"instruction": rhs[:400], "ops": dict(ops.most_common()), "op_names": srcs}
     return out
 
 
@@ -94,6 +95,8 @@ def main():
     a = ap.parse_args()
     names = [n for n in a.names.split(",") if n]
     if a.rounds:
+        if not os.path.isfile(a.rounds):
+            raise SystemExit(f"error: no round table at {a.rounds!r} (did bench/round_table.py fail?)")
         with open(a.rounds) as f:
             recs = json.load(f)["records"]
         for r in recs:

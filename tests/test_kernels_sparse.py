@@ -128,20 +128,23 @@ def test_stacked_cache_layer_read_in_place():
 
 
 
+def _per_layer_inputs(seed, qkv_seed, *, L, B, S, M, min_valid):
+    """A draft step's operands as the model passes them (SmolLM2 heads, T=1): q, the stacked cache [L,B,S,K,H],
+    every layer's selections idx [L,B,M] with n_valid [L,B] (>= min_valid), kv_len [B]."""
+    rng = np.random.default_rng(seed)
+    qkv = [random_qkv(qkv_seed + i, B, 1, 9, 3, 64, S, F32) for i in range(L)]
+    k_all, v_all = jnp.stack([x[1] for x in qkv]), jnp.stack([x[2] for x in qkv])
+    kv_len = ragged_lengths(rng, B, 1, S)
+    n_valid = np.stack([np.minimum(rng.integers(min_valid, M + 1, size=B), kv_len - 1) for _ in range(L)])
+    idx = np.stack([random_index_sets(rng, M, kv_len, 1, sort=False, n_valid=n_valid[i]) for i in range(L)])
+    return (qkv[0][0], k_all, v_all, jnp.asarray(idx), jnp.asarray(n_valid, jnp.int32), jnp.asarray(kv_len))
+
+
 @pytest.mark.parametrize("layer", [1, "traced"])
 def test_per_layer_selections_read_at_layer(layer):
     """Every layer's selections [L,B,M] handed over whole (Vegas: no per-layer slice in XLA): the kernel reads
     row `layer` of idx and n_valid, and matches the one-layer call on that layer's selections and cache."""
-    L, B, S, M = 3, 3, 80, 24
-    rng = np.random.default_rng(7)
-    qkv = [random_qkv(16 + i, B, 1, 9, 3, 64, S, F32) for i in range(L)]
-    q = qkv[0][0]
-    k_all, v_all = jnp.stack([x[1] for x in qkv]), jnp.stack([x[2] for x in qkv])
-    kv_len = ragged_lengths(rng, B, 1, S)
-    n_valid = np.stack([np.minimum(rng.integers(0, M + 1, size=B), kv_len - 1) for _ in range(L)])
-    idx = np.stack([random_index_sets(rng, M, kv_len, 1, sort=False, n_valid=n_valid[i]) for i in range(L)])
-    kv_len = jnp.asarray(kv_len)
-    idx, n_valid = jnp.asarray(idx), jnp.asarray(n_valid, jnp.int32)
+    q, k_all, v_all, idx, n_valid, kv_len = _per_layer_inputs(7, 16, L=3, B=3, S=80, M=24, min_valid=0)
     kw = dict(tail=True, block_sizes=BS(block_k=16), interpret=INTERPRET)
     run = compiled(pk.sparse_attention_kernel, *_STATIC)
     lay = jnp.int32(1) if layer == "traced" else 1
@@ -204,15 +207,7 @@ def test_fused_heads_lower_to_one_triton_call_with_one_program_per_sequence():
 
 def test_fused_heads_read_the_stacked_cache_and_per_layer_selections():
     """As the model calls it: every layer's selections [L,B,M] and the stacked cache read at a traced layer."""
-    L, B, S, M = 3, 2, 96, 20
-    rng = np.random.default_rng(9)
-    qkv = [random_qkv(40 + i, B, 1, 9, 3, 64, S, F32) for i in range(L)]
-    q = qkv[0][0]
-    k_all, v_all = jnp.stack([x[1] for x in qkv]), jnp.stack([x[2] for x in qkv])
-    kv_len = ragged_lengths(rng, B, 1, S)
-    n_valid = np.stack([np.minimum(rng.integers(1, M + 1, size=B), kv_len - 1) for _ in range(L)])
-    idx = np.stack([random_index_sets(rng, M, kv_len, 1, sort=False, n_valid=n_valid[i]) for i in range(L)])
-    args = (q, k_all, v_all, jnp.asarray(idx), jnp.asarray(n_valid, jnp.int32), jnp.asarray(kv_len))
+    args = _per_layer_inputs(9, 40, L=3, B=2, S=96, M=20, min_valid=1)
     run = compiled(pk.sparse_attention_kernel, *_STATIC, "fuse_heads")
     got = run(*args, layer=jnp.int32(2), tail=True, interpret=INTERPRET, fuse_heads=True)
     ref = pk.sparse_attention_reference(*args, layer=2)
