@@ -8,7 +8,8 @@ A profiler trace names a kernel after its fusion instruction (`loop_pad_fusion_2
 which says little about what it computes. This reads the optimized HLO (`*after_optimizations.txt`) of the
 module holding most of the asked names (the decode loop, not the prefill) and, for each name, records the
 instruction line, the opcodes of the computation it calls and the jax ops they came from, so a round table's
-"other fusion" time can be attributed to the model code that made it. Names come from --names or from a round_table record's top kernels.
+"other fusion" time can be attributed to the model code that made it. Names come from --names or from a
+round_table record's top kernels.
 """
 from __future__ import annotations
 
