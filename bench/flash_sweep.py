@@ -5,7 +5,8 @@ fastest there?).
     PYTHONPATH=. python bench/flash_sweep.py --kernel sparse --out $OUT/sparse_sweep_h200.json [--budget 512]
 
 SmolLM2-135M attention (N=9, K=3, H=64), bf16 cache [B, S, K, H] read in place as layer 1 of a 2-layer
-stacked cache (as the model calls it), T=1 (decode) and T=5 with score_rows=(0, 4) (Vegas' verification).
+stacked cache (as the model calls it), T=1 (decode) and T=5 with score_rows=(0, 4) (Vegas' verification;
+`--Ts 5,6,7` for gammas 4-6, scoring rows 0 and T-1).
 For each T: the default BlockSizes, then a grid of block_k x num_splits x num_stages (4 warps; and 8 at
 block_k 128); each timed as bench/kernels.py times kernels (median over reps of back-to-back calls, >= 5 ms
 per sample).
@@ -47,6 +48,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--kernel", default="flash", choices=["flash", "sparse"])
     ap.add_argument("--budget", type=int, default=512, help="sparse: selected entries per row")
+    ap.add_argument("--Ts", default="1,5", help="flash: query rows per sequence (T > 1 scores rows 0 and T-1)")
     a = ap.parse_args()
     N, K, H = 9, 3, 64
     B, S = a.B, a.S
@@ -80,7 +82,9 @@ def main():
 
     if a.kernel == "sparse":
         return sparse_sweep(a, measure, records, k_all, v_all, kq)
-    for T, rows in ((1, ()), (5, (0, 4))):
+    Ts = [int(t) for t in a.Ts.split(",")]
+    for T in Ts:
+        rows = (0, T - 1) if T > 1 else ()
         q = jax.random.normal(kq, (B, T, N, H), jnp.bfloat16)
 
         def call(q, k, v, n, bs=None, rows=rows):
@@ -105,7 +109,7 @@ def main():
         del kh, vh
     ok = [r for r in records if "time_us" in r]
     summary = {}
-    for T in (1, 5):
+    for T in Ts:
         rs = [r for r in ok if r["T"] == T and r.get("layout") is None]
         if rs:
             best = min(rs, key=lambda r: r["time_us"])
