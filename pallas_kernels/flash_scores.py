@@ -49,12 +49,17 @@ def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) ->
 
     Decode/verify (rows <= 64): one row block holds every packed row, so K/V are read once per KV head;
     block_k = 128 keys keeps 2 pipeline stages of K+V tiles (2*2*128*H*2 bytes = 128 KB at H=128, bf16)
-    within SMEM (halved for f32). Prefill: 64x64 (H=128) / 128x64 (H=64) tiles, the usual compute-bound
+    within SMEM (halved for f32). 17-32 rows (Vegas' verification at gamma 5-10 with G=3) take 64-key tiles
+    in 3 stages: with a cache of more than 2^31 elements (SmolLM2 at B=64, S=8192, 30 layers) the 2-stage
+    128-key tiles ran 205 us per layer at T=6 against 143 at T=5, these 149 (bench/results/verify_rows_*_h200.json).
+    Prefill: 64x64 (H=128) / 128x64 (H=64) tiles, the usual compute-bound
     FlashAttention-2 shapes for 4 warps. Non-causal many-row launches (tree prefixes) take 128-row
     blocks with 8 warps to halve the number of times the prefix is re-read.
     """
     itemsize = jnp.dtype(dtype).itemsize
     wide = head_dim * itemsize > 256
+    if 16 < rows <= 32 and not wide:
+        return C.BlockSizes(block_m=64, block_k=64, num_warps=4, num_stages=3)
     if rows <= 64:
         return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
     if not causal:

@@ -59,6 +59,7 @@ CASES = [
     (3, 5, 9, 3, 64, 600, F32, (0, 4), "weights", BS(block_k=64, num_splits=1)),
     (2, 5, 9, 3, 64, 200, BF16, (0, 4), "weights", BS(block_k=32, num_splits=1)),
     (2, 1, 32, 8, 128, 96, F32, (0, -1), "weights", BS(block_k=16, num_splits=1)),
+    (2, 6, 9, 3, 64, 320, BF16, (0, 5), "weights", None),  # Vegas at gamma 5: 18 rows, the 17-32-row defaults
 ]
 
 
@@ -156,7 +157,7 @@ def test_model_layers_share_one_kernel():
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
 @pytest.mark.parametrize("N,K,H", [(9, 3, 64), (32, 8, 128)])  # SmolLM2-135M, Llama-3-8B
-@pytest.mark.parametrize("T,rows", [(1, ()), (5, (0, 4)), (256, ())])
+@pytest.mark.parametrize("T,rows", [(1, ()), (5, (0, 4)), (6, (0, 5)), (256, ())])
 def test_lowers_to_triton_at_model_shapes(N, K, H, T, rows):
     sd = jax.ShapeDtypeStruct
     kv = sd((2, 8192, K, H), BF16)
