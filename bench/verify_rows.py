@@ -102,7 +102,7 @@ def main():
                       rec.get("kernels_us_per_layer", ""), flush=True)
                 records.append(rec)
         del k_all, v_all
-    write_json(a.out, records, {})
+    write_json(a.out, records, {"command": "bench/verify_rows.py " + " ".join(sys.argv[1:])})
 
 
 if __name__ == "__main__":
