@@ -104,7 +104,7 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
 
 
 # Fused heads (module docstring) when all heads' packed query rows fit one row block (decode-sized steps).
-# Off by default until an H200 run shows it faster in the model.
+# Off: in whole decode loops at L=8000, B=64 on the H200 it was 1% slower (rounds_fusedab_*_h200.json).
 FUSE_HEADS = False
 
 
