@@ -6,6 +6,7 @@ query rows, in the isolated sweep's setting and in the model's (why does gamma 5
 Settings: "isolated" is bench/flash_sweep.py's (layer 1 of a 2-layer [2, B, 8064, K, H] cache, every row at
 kv_len 8000); "model" is bench/round_table.py's L=8000 shape (a 30-layer cache of capacity 8192, rows at ragged
 kv_len 8000..8128, all 30 layers in one program with the layer index traced, as the decode loop runs them).
+`--kernel sparse` times a draft step's sparse_attention in the same settings instead.
 Each T runs with the default BlockSizes and, where T*G > 16 (32-row programs), also with 16-row programs
 (two row blocks per KV head). Times are per layer: one program's median wall time / layers.
 """
@@ -67,6 +68,9 @@ def main():
     ap.add_argument("--settings", default="isolated,model", help="also layers30, S8192, ragged")
     ap.add_argument("--profile", action="store_true", help="also a device trace per config: time per kernel")
     ap.add_argument("--grid", action="store_true", help="also block_k x num_warps x num_stages at the default rows")
+    ap.add_argument("--kernel", default="flash", choices=["flash", "sparse"],
+                    help="sparse: a Vegas draft step's sparse_attention (--Ts 1) over --budget slots per layer")
+    ap.add_argument("--budget", type=int, default=512)
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     records = []
@@ -75,11 +79,16 @@ def main():
         kk, kv, kq = jax.random.split(jax.random.key(0), 3)
         k_all = jax.random.normal(kk, (layers, a.B, S, K, H), jnp.bfloat16)
         v_all = jax.random.normal(kv, (layers, a.B, S, K, H), jnp.bfloat16)
+        if a.kernel == "sparse":   # each layer's own selection: a.budget slots in aligned pages of 8
+            pages = np.stack([np.sort(rng.choice(7992 // 8, a.budget // 8, replace=False))
+                              for _ in range(layers * a.B)])
+            idx = jnp.asarray((pages[:, :, None] * 8 + np.arange(8)).reshape(layers, a.B, a.budget), jnp.int32)
+            n_valid = jnp.full((layers, a.B), a.budget, jnp.int32)
         for T in (int(t) for t in a.Ts.split(",")):
             q = jax.random.normal(kq, (a.B, T, N, H), jnp.bfloat16)
             kv_len = jnp.asarray(base + T, jnp.int32)
             blocks = [None] + ([pk.BlockSizes(block_m=16, block_k=128, num_warps=4, num_stages=2)]
-                               if T * (N // K) > 16 else [])
+                               if T * (N // K) > 16 and a.kernel == "flash" else [])
             if a.grid:
                 blocks += [pk.BlockSizes(block_m=C.row_block(T * (N // K), 64), block_k=bk, num_warps=w,
                                          num_stages=st) for bk in (64, 128) for w in (4, 8) for st in (2, 3)]
@@ -88,13 +97,17 @@ def main():
 
                 def run(q, k_all, v_all, kv_len, bs=bs, first=first):
                     def body(layer, acc):
+                        if a.kernel == "sparse":
+                            out = pk.sparse_attention_kernel(q, k_all, v_all, idx, n_valid, kv_len, block_sizes=bs,
+                                                             layer=layer)[0]
+                            return acc + out.astype(jnp.float32).sum()
                         out, _, sc = pk.flash_scores_kernel(q, k_all, v_all, kv_len, score_rows=(0, T - 1),
                                                             block_sizes=bs, layer=layer)
                         return acc + out.astype(jnp.float32).sum() + sc.sum()
                     return jax.lax.fori_loop(first, layers, body, jnp.float32(0))
 
                 per_layer = time_fn(run, (q, k_all, v_all, kv_len), a.reps) / (layers - first)
-                rec = base_record(setting=name, T=T, B=a.B, S=S, layers=layers,
+                rec = base_record(kernel=a.kernel, setting=name, T=T, B=a.B, S=S, layers=layers,
                                   block=_label(bs), us_per_layer=round(per_layer * 1e6, 1))
                 if a.profile:
                     rec["kernels_us_per_layer"] = profile(run, (q, k_all, v_all, kv_len), layers - first)
