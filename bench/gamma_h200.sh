@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Gamma 5/6 after the 17-32-row flash_scores defaults (commit 73da462), on the H200, from the repo root:
+#   bash bench/gamma_h200.sh probe   # model-free: verification flash_scores per layer at T=5,6,7 (B=64) and T=6
+#                                    # (B=16, block grid), draft-step sparse_attention in the 30-layer cache
+#   bash bench/gamma_h200.sh spec    # after staging the model (../shared/gpu/README.md), carrying .carry/heldout:
+#                                    # vegas-page8 and streaming at gammas 4,5,6, L=8000, B=64, budget 512
+set -uo pipefail
+mode=${1:?probe or spec}
+case "$mode" in
+  probe)
+    timeout 200 python3 bench/verify_rows.py --B 64 --Ts 5,6,7 --settings layers30 \
+      --out "$OUT/verify_rows_new_B64_h200.json" 2>&1 | grep -v Warning | tail -12
+    timeout 200 python3 bench/verify_rows.py --B 16 --Ts 6 --settings layers30 --grid \
+      --out "$OUT/verify_rows_new_B16_h200.json" 2>&1 | grep -v Warning | tail -8
+    timeout 150 python3 bench/verify_rows.py --kernel sparse --B 64 --Ts 1 --settings isolated,layers30 --profile \
+      --out "$OUT/verify_rows_sparse_h200.json" 2>&1 | grep -v Warning | tail -12 ;;
+  spec)
+    mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
+    timeout "${T1:-570}" python3 bench/spec.py --out "$OUT/spec_gamma5_h200.json" --impl pallas --lengths 8000 \
+      --batches 64 --methods streaming,vegas-page8 --gamma 4 --gammas "${GAMMAS:-4,5,6}" \
+      --gamma-methods streaming,vegas-page8 --budgets 512 --sweep-methods "" --sweep-shape 8000x64 \
+      --split-shape 8000x64 --budget-s "${BUDGET_S:-480}" 2>&1 | grep -v Warning \
+      | tee "$OUT/spec_gamma5_h200_log.txt" | tail -40 ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
