@@ -18,7 +18,7 @@ case "$mode" in
     mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
     timeout "${T1:-570}" python3 bench/spec.py --out "$OUT/spec_gamma5_h200.json" --impl pallas --lengths 8000 \
       --batches 64 --methods streaming,vegas-page8 --gamma 4 --gammas "${GAMMAS:-4,5,6}" \
-      --gamma-methods streaming,vegas-page8 --budgets 512 --sweep-methods "" --sweep-shape 8000x64 \
+      --gamma-methods streaming,vegas-page8 --budgets 512 --sweep-methods "" --no-ablation --sweep-shape 8000x64 \
       --split-shape 8000x64 --budget-s "${BUDGET_S:-480}" 2>&1 | grep -v Warning \
       | tee "$OUT/spec_gamma5_h200_log.txt" | tail -40 ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;

@@ -184,6 +184,7 @@ def main():
                     help="dir of *.txt prose (required on a GPU unless JSPEC_BENCH_CODE_ONLY=1)")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="wall-clock target: shapes (lowest priority first) are dropped when it would be exceeded")
+    ap.add_argument("--no-ablation", action="store_true", help="leave out the vegas ablations at the sweep shape")
     ap.add_argument("--plan-only", action="store_true", help="print the shapes and configs, then exit")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dense-rows", type=int, default=None,
@@ -238,7 +239,9 @@ def main():
         if s == sweep:
             cfgs += [("budget_sweep", spec_of(x, budget=b)) for x in a.sweep_methods.split(",") if x for b in budgets]
             cfgs += [("gamma_sweep", spec_of(x, gamma=g)) for x in a.gamma_methods.split(",") if x for g in gammas]
-            cfgs += [("ablation", spec_of("vegas", collect="all")), ("ablation", spec_of("vegas", score_mode="logits"))]
+            if not a.no_ablation:
+                cfgs += [("ablation", spec_of("vegas", collect="all")),
+                         ("ablation", spec_of("vegas", score_mode="logits"))]
         seen, plan[s] = set(), []
         for group, spec in cfgs:   # a sweep point equal to a grid config is the grid config
             if spec not in seen:
