@@ -4,8 +4,10 @@
 #                                    # (B=16, block grid), draft-step sparse_attention in the 30-layer cache
 #   bash bench/gamma_h200.sh spec    # after staging the model (../shared/gpu/README.md), carrying .carry/heldout:
 #                                    # vegas-page8 and streaming at gammas 4,5,6, L=8000, B=64, budget 512
+#   bash bench/gamma_h200.sh tune    # after staging: `jspec tune --method vegas` at L=8000, B=64 with gammas 3-6 on
+#                                    # held-out inspect.py + Emma rows (the README's tune run, refreshed)
 set -uo pipefail
-mode=${1:?probe or spec}
+mode=${1:?probe, spec or tune}
 case "$mode" in
   probe)
     timeout 200 python3 bench/verify_rows.py --B 64 --Ts 5,6,7 --settings layers30 \
@@ -21,5 +23,12 @@ case "$mode" in
       --gamma-methods streaming,vegas-page8 --budgets 512 --sweep-methods "" --no-ablation --sweep-shape 8000x64 \
       --split-shape 8000x64 --budget-s "${BUDGET_S:-480}" 2>&1 | grep -v Warning \
       | tee "$OUT/spec_gamma5_h200_log.txt" | tail -40 ;;
+  tune)
+    dir=/root/tune-prompts && mkdir -p $dir
+    cp "$(python3 -c 'import inspect; print(inspect.__file__)')" $dir/a_inspect.py && cp .carry/heldout/austen_emma.txt $dir/b_emma.txt
+    timeout "${T2:-560}" python3 -m jspec.cli tune --method vegas --prompt-dir $dir --prompt-tokens 8000 --batch 64 \
+      --max-new-tokens 128 --ratios 0.02,0.05,0.1 --gammas "${GAMMAS:-3,4,5,6}" --pages 1,8,16 \
+      --out "$OUT/tune_vegas_8000x64_h200.json" 2>&1 | grep -v Warning | tr '\r' '\n' \
+      | grep -v "it/s\]$\|shape/s\]$\|s/shape\]$" | tee "$OUT/tune_vegas_8000x64_h200_log.txt" | tail -20 ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
