@@ -15,7 +15,6 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jspec import kv_cache
 from jspec.sharding import tp_axis
 
 # Largest f32 logits tensor [B, K, G, Tc, S] the XLA path materialises at once; longer queries (prefill)
@@ -199,30 +198,6 @@ def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()
         idx, n_valid = idx[layer], n_valid[layer]
     k, v = k_all[layer], v_all[layer]
     return _sparse_xla(q, k, v, kv_len, idx, n_valid)
-
-
-def sparse_and_write(q, k_all, v_all, layer: int, kv_len, idx, n_valid, new_kv, *, impl=AttnImpl()):
-    """`sparse` for a step that also appends its T new tokens' K/V (new_kv, each [B, T, K, H]) to layer
-    `layer`'s cache at kv_len-T .. kv_len-1. Returns (out [B, T, N, H], k_all, v_all).
-
-    On the Pallas path the attention kernel stores them itself into the aliased cache (reading the new
-    tokens from new_kv), so a draft step spends no scatter launches on its cache: on the H200 those were
-    240 of a Vegas round's 301 launches of that kind (bench/results/rounds_g4fix_8000x64_h200.json).
-    Elsewhere (XLA, tensor parallelism) the entries are scattered first, then `sparse` reads them.
-    """
-    if impl.backend != "xla" and impl.mesh is None:
-        try:
-            out, _, k_all, v_all = _kernel_module("sparse_attention").sparse_attention_kernel(
-                q, k_all, v_all, idx, n_valid, kv_len, interpret=impl.interpret, layer=layer, new_kv=new_kv,
-                write_new=True)
-            return out, k_all, v_all
-        except NotImplementedError:
-            if impl.backend == "pallas":
-                raise
-    B, T = q.shape[:2]
-    slots = (kv_len - T)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
-    k_all, v_all = kv_cache.write(k_all, v_all, layer, slots, *new_kv)
-    return sparse(q, k_all, v_all, layer, kv_len, idx, n_valid, impl=impl), k_all, v_all
 
 
 def _sparse_xla(q, k, v, kv_len, idx, n_valid):

@@ -200,11 +200,13 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
             if cfg.qk_norm:  # Qwen3 normalises each head before RoPE
                 q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
             q, k = rope(q, positions, cfg), rope(k, positions, cfg)
-        if selector is not None or sparse is not None:   # the kernel appends k, v to the cache itself
-            sel = selector(i, q) if selector is not None else (sparse.idx, sparse.n_valid)
-            o, k_all, v_all = attention.sparse_and_write(q, k_all, v_all, i, kv_len, *sel, (k, v), impl=impl)
+        k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
+        if selector is not None:
+            sel_idx, sel_n = selector(i, q)
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, sel_n, impl=impl)
+        elif sparse is not None:
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx, sparse.n_valid, impl=impl)
         else:
-            k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
             o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
                                        score_rows=score_rows, score_mode=score_mode, impl=impl)
             all_scores.append(scores)

@@ -107,18 +107,13 @@ def sparse_mask_and_positions(idx, n_valid, kv_len, T: int, tail: bool):
 
 @functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret"))
 def sparse_attention_reference(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None,
-                               block_sizes=None, interpret=False, layer=None, new_kv=None):
+                               block_sizes=None, interpret=False, layer=None):
     """Reference for `sparse_attention`: gathers idx[b, :n_valid[b]] (+ the causal tail) densely."""
     del block_sizes, interpret
     if idx.ndim == 3:   # every layer's selections: this layer's
         idx, n_valid = idx[layer], n_valid[layer]
     k, v = _one_layer(k, v, layer)
     T = q.shape[1]
-    if new_kv is not None:   # the tail's K/V as given: write them where the cache would hold them
-        slots = (kv_len - T)[:, None] + jnp.arange(T)[None]
-        b = jnp.arange(q.shape[0])[:, None]
-        k = k.at[b, slots].set(new_kv[0].astype(k.dtype), mode="drop")
-        v = v.at[b, slots].set(new_kv[1].astype(v.dtype), mode="drop")
     pos, vis = sparse_mask_and_positions(idx, n_valid, kv_len, T, tail)
     take = lambda x: jnp.take_along_axis(x, pos[:, :, None, None], axis=1)
     out, lse, _, _ = _attend(q, take(k), take(v), vis, sm_scale)

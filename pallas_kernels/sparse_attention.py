@@ -46,8 +46,8 @@ def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
     return C.BlockSizes(block_m=64, block_k=64 if wide else 128, num_warps=4, num_stages=2)
 
 
-def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_ref, *refs, G, T, n_tail,
-                   sm_scale, block_k, per_split, per_layer, heads, new_kv, write):
+def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, G, T, n_tail,
+                   sm_scale, block_k, per_split, per_layer, heads):
     """layer_ref, kv_len_ref: [] int32; n_valid_ref [Li] int32, idx_ref: [Li, M] int32 selected positions (junk
     past n_valid), read at row `layer` when per_layer (one selection per layer) else row 0; q_ref: [bm,H];
     k_ref, v_ref: [L,S*heads,H] (read at layer `layer_ref`); outputs o_ref [bm,H], lse_ref [bm] for this split.
@@ -55,15 +55,7 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
     heads > 1 (fused heads): the program holds the packed query rows of all `heads` KV heads (row r belongs to
     head r // (T*G)) and the cache rows of one position's heads are adjacent (position p, head j at row
     p*heads + j): each step gathers block_k entries x hp (heads rounded up to a power of two, the extra lanes
-    repeat the last head and are masked) rows, and a query row only sees the keys of its own head.
-
-    new_kv: refs then start with knew_ref, vnew_ref [Tp, H], the tail tokens' K/V (row u = tail token u), read
-    instead of the cache's slots kv_len-T+u (which need not be written yet). write: refs end with kout_ref,
-    vout_ref, the cache itself (aliased, [L,S*heads,H] like k_ref), into whose slots kv_len-T+u of this layer
-    the first program of each (sequence, KV head) stores the new K/V."""
-    knew_ref, vnew_ref, o_ref, lse_ref = refs[:4] if new_kv else (None, None) + tuple(refs[:2])
-    if write:
-        kout_ref, vout_ref = refs[-2:]
+    repeat the last head and are masked) rows, and a query row only sees the keys of its own head."""
     block_m, head_dim = q_ref.shape
     M, S = idx_ref.shape[1], k_ref.shape[1] // heads
     m_blk, split = pl.program_id(2), pl.program_id(3)
@@ -94,11 +86,6 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
                 idx = idx * heads + jnp.minimum(lane % hp, heads - 1)
             k = k_ref[layer, idx, :]
             v = v_ref[layer, idx, :]
-            if masked and new_kv:   # tail entries from the new tokens' K/V instead of the cache
-                u = jnp.clip(e - n_valid, 0, knew_ref.shape[0] - 1)
-                new = (e >= n_valid)[:, None]
-                k = jnp.where(new, knew_ref[u, :], k)
-                v = jnp.where(new, vnew_ref[u, :], v)
             s = C.dot_nt(q, k) * scale2
             seen = None
             if heads > 1:
@@ -115,36 +102,17 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
 
     C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
 
-    if write:   # the new tokens' K/V into this layer's cache; no program reads those slots (new_kv has them)
-        @pl.when((m_blk == 0) & (split == 0))
-        def _():
-            for u in range(T):
-                slot = kv_len - T + u
-
-                @pl.when((slot >= 0) & (slot < S))
-                def _():
-                    kout_ref[layer, slot, :] = knew_ref[u, :]
-                    vout_ref[layer, slot, :] = vnew_ref[u, :]
-
 
 # Fused heads (module docstring) when all heads' packed query rows fit one row block (decode-sized steps).
 # Off: in whole decode loops at L=8000, B=64 on the H200 it was 1% slower (rounds_fusedab_*_h200.json).
 FUSE_HEADS = False
 
 
-@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "fuse_heads",
-                                             "write_new"))
+@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "fuse_heads"))
 def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
-                            interpret=False, layer=None, fuse_heads=None, new_kv=None, write_new=False):
-    """Pallas implementation of `sparse_attention` (same arguments; fuse_heads: None = FUSE_HEADS).
-
-    write_new (with new_kv and the stacked cache): also store new_kv into the cache's slots kv_len-T ..
-    kv_len-1 of `layer`, in place (the cache operands are aliased to two extra outputs), and return
-    (out, lse, k, v): a sparse draft step then needs no scatter launches of its own."""
-    if write_new and (new_kv is None or layer is None):
-        raise ValueError("write_new needs new_kv and the stacked cache with a layer index")
+                            interpret=False, layer=None, fuse_heads=None):
+    """Pallas implementation of `sparse_attention` (same arguments; fuse_heads: None = FUSE_HEADS)."""
     K, G = C.check_attention_shapes(q, k, v, layer)
-    _check_new_kv(q, k, new_kv, tail)
     C.check_platform(interpret)
     B, T, N, H = q.shape
     S, M = C.layer_shape(k, layer)[1], idx.shape[-1]
@@ -154,7 +122,7 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
                          f"{n_valid.shape=} {k.shape=} {layer=}")
     sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
     bs = block_sizes or default_block_sizes(T * G, H, q.dtype)
-    fuse = (FUSE_HEADS if fuse_heads is None else fuse_heads) and K > 1 and K * T * G <= bs.block_m and new_kv is None
+    fuse = (FUSE_HEADS if fuse_heads is None else fuse_heads) and K > 1 and K * T * G <= bs.block_m
     heads = K if fuse else 1
     block_m = C.row_block(heads * T * G, bs.block_m)
     hp = C.next_pow2(heads)   # gathered rows per entry (fused heads): block_k entries are block_k * hp rows
@@ -170,8 +138,7 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
     splits, per_split = C.split_plan(C.cdiv(M + n_tail, block_k), B * (K // heads) * n_m, bs.num_splits,
                                      min_blocks=2, resident=C.resident_programs(bs, block_k * heads, H, k.dtype))
     kernel = functools.partial(_sparse_kernel, G=G, T=T, n_tail=n_tail, sm_scale=sm_scale, block_k=block_k,
-                               per_split=per_split, per_layer=per_layer, heads=heads, new_kv=new_kv is not None,
-                               write=write_new)
+                               per_split=per_split, per_layer=per_layer, heads=heads)
     if not per_layer:
         idx, n_valid = idx[None], n_valid[None]
     Li = idx.shape[0]
@@ -181,14 +148,8 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
         L_ = k.shape[0]
         k, v = k.reshape(L_, B, S * K, 1, H), v.reshape(L_, B, S * K, 1, H)
     kv_spec = C.kv_block_spec(k)
-    extra_specs, extra = [], []
-    if new_kv is not None:   # [B, T, K, H] -> [B, K, Tp, H], Tp a power of two (Triton block shapes)
-        Tp = C.next_pow2(T)
-        extra = [jnp.pad(x.astype(k.dtype).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Tp - T), (0, 0)))
-                 for x in new_kv]
-        extra_specs = [pl.BlockSpec((None, None, Tp, H), lambda b, h, m, s: (b, h, 0, 0))] * 2
     out_dtype = jnp.float32 if splits > 1 else q.dtype
-    outs = pl.pallas_call(
+    o, lse = pl.pallas_call(
         kernel,
         grid=(B, K // heads, n_m, splits),
         in_specs=[
@@ -199,40 +160,28 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
             pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
             kv_spec,
             kv_spec,
-        ] + extra_specs,
+        ],
         out_specs=[
             pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
             pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m)),
-        ] + [kv_spec] * (2 if write_new else 0),
+        ],
         out_shape=[
             jax.ShapeDtypeStruct((splits, B, K // heads, qp.shape[2], H), out_dtype),
             jax.ShapeDtypeStruct((splits, B, K // heads, qp.shape[2]), jnp.float32),
-        ] + [jax.ShapeDtypeStruct(k.shape, k.dtype)] * (2 if write_new else 0),
-        input_output_aliases={5: 2, 6: 3} if write_new else {},
+        ],
         compiler_params=bs.compiler_params(),
         interpret=interpret,
         name="sparse_attention",
-    )(layer, n_valid.astype(jnp.int32), kv_len.astype(jnp.int32), idx.astype(jnp.int32), qp, k, v, *extra)
-    o, lse = C.combine_splits(*outs[:2])
+    )(layer, n_valid.astype(jnp.int32), kv_len.astype(jnp.int32), idx.astype(jnp.int32), qp, k, v)
+    o, lse = C.combine_splits(o, lse)
     if fuse:   # back to [B, K, T*G, ...] per head
         o = o[:, 0, : K * T * G].reshape(B, K, T * G, H)
         lse = lse[:, 0, : K * T * G].reshape(B, K, T * G)
-    res = C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
-    return res + tuple(outs[2:]) if write_new else res
-
-
-def _check_new_kv(q, k, new_kv, tail) -> None:
-    if new_kv is None:
-        return
-    B, T, _, H = q.shape
-    want = (B, T, k.shape[-2], H)
-    if not tail or len(new_kv) != 2 or any(tuple(x.shape) != want for x in new_kv):
-        raise ValueError(f"new_kv must be (k_new, v_new), each {want}, with tail=True; got "
-                         f"{[getattr(x, 'shape', None) for x in new_kv]} {tail=}")
+    return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
 
 
 def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
-                     interpret=False, layer=None, implementation=None, new_kv=None):
+                     interpret=False, layer=None, implementation=None):
     """Attention over selected cache positions idx[b, :n_valid[b]] plus (tail) the T newest tokens.
 
     Args:
@@ -244,13 +193,10 @@ def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None,
       n_valid: int32[B] number of real entries per sequence (0 allowed when tail=True).
       kv_len: int32[B] valid cache length including the T new tokens (at kv_len-T .. kv_len-1).
       tail: also attend causally over the T newest tokens (row t sees tail tokens 0..t).
-      new_kv: optional (k_new, v_new), each [B,T,K,H]: the T newest tokens' K/V, used instead of the cache's
-        slots kv_len-T .. kv_len-1, so a caller may write them into the cache after the attention (a sparse
-        draft step writes all layers' entries in one scatter instead of two per layer).
       sm_scale, block_sizes, interpret, layer, implementation: as in `flash_scores`.
     Returns:
       out [B,T,N,H] q.dtype, lse [B,N,T] f32 (natural log).
     """
     return C.dispatch(implementation, sparse_attention_kernel, sparse_attention_reference, q, k, v, idx,
                       n_valid, kv_len, tail=tail, sm_scale=sm_scale, block_sizes=block_sizes,
-                      interpret=interpret, layer=layer, new_kv=new_kv)
+                      interpret=interpret, layer=layer)

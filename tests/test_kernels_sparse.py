@@ -17,7 +17,7 @@ from _kernel_utils import (INTERPRET, assert_bitwise_equal, assert_close, compil
 F32, BF16 = jnp.float32, jnp.bfloat16
 BS = pk.BlockSizes
 _STATIC = ("tail", "block_sizes", "interpret")
-kernel = compiled(pk.sparse_attention_kernel, *_STATIC, "write_new")
+kernel = compiled(pk.sparse_attention_kernel, *_STATIC)
 reference = compiled(pk.sparse_attention_reference, *_STATIC)
 
 
@@ -213,110 +213,3 @@ def test_fused_heads_read_the_stacked_cache_and_per_layer_selections():
     ref = pk.sparse_attention_reference(*args, layer=2)
     assert_close(got[0], ref[0], F32, "out")
     assert_close(got[1], ref[1], F32, "lse")
-
-
-# new_kv: the T newest tokens' K/V handed over instead of read from the cache (a sparse draft step attends
-# before it writes its entries; the model then writes every layer's in one scatter).
-NEW_KV_CASES = [   # (B, T, N, K, H, S, M, dtype, block sizes)
-    (3, 1, 9, 3, 64, 128, 24, F32, None),                         # SmolLM2 draft step
-    (3, 5, 8, 2, 128, 96, 40, BF16, BS(block_k=16, num_splits=3)),  # T not a power of two, split-K
-    (2, 3, 8, 8, 64, 64, 20, F32, BS(block_k=16)),                 # G=1
-]
-
-
-def _new_kv_case(seed, B, T, N, K, H, S, M, dtype):
-    """(args with the cache's tail slots poisoned, new_kv = the true tail, the clean args)."""
-    clean = _inputs(seed, B, T, N, K, H, S, M, dtype, sort=False, tail=True)
-    q, k, v, idx, n_valid, kv_len = clean
-    slots = np.asarray(kv_len)[:, None] - T + np.arange(T)[None]
-    b = np.arange(B)[:, None]
-    new_kv = (k[b, slots], v[b, slots])
-    not_tail = np.ones((B, S), bool)
-    not_tail[b, slots] = False
-    bad = np.nan if dtype == F32 else 1e4
-    return (q, poison(k, not_tail, bad), poison(v, not_tail, bad), idx, n_valid, kv_len), new_kv, clean
-
-
-@pytest.mark.parametrize("B,T,N,K,H,S,M,dtype,bs", NEW_KV_CASES)
-def test_new_kv_replaces_the_cache_tail(B, T, N, K, H, S, M, dtype, bs):
-    args, new_kv, clean = _new_kv_case(4000 + T + S, B, T, N, K, H, S, M, dtype)
-    out, lse = kernel(*args, tail=True, block_sizes=bs, interpret=INTERPRET, new_kv=new_kv)
-    r_out, r_lse = reference(*clean, tail=True)
-    assert_close(out, r_out, dtype, "out")
-    assert_close(lse, r_lse, dtype, "lse")
-    ref_new = reference(*args, tail=True, new_kv=new_kv)   # the reference takes new_kv the same way
-    assert_close(ref_new[0], r_out, dtype, "out")
-    stale = kernel(*args, tail=True, block_sizes=bs, interpret=INTERPRET)[0]   # control: the poisoned slots matter
-    assert not np.allclose(np.asarray(stale, np.float32), np.asarray(r_out, np.float32), atol=1e-2)
-
-
-def test_new_kv_with_the_stacked_cache_at_a_traced_layer():
-    """As a draft step calls it: every layer's selections, the stacked cache, a traced layer, new_kv."""
-    q, k_all, v_all, idx, n_valid, kv_len = _per_layer_inputs(21, 60, L=3, B=3, S=80, M=24, min_valid=0)
-    ref = pk.sparse_attention_reference(q, k_all, v_all, idx, n_valid, kv_len, layer=2)
-    slots = np.asarray(kv_len) - 1
-    b = np.arange(3)
-    new_kv = (k_all[2, b, slots][:, None], v_all[2, b, slots][:, None])
-    k_bad, v_bad = k_all.at[2, b, slots].set(jnp.nan), v_all.at[2, b, slots].set(jnp.nan)
-    got = kernel(q, k_bad, v_bad, idx, n_valid, kv_len, tail=True, block_sizes=BS(block_k=16), interpret=INTERPRET,
-                 layer=jnp.int32(2), new_kv=new_kv)
-    assert_close(got[0], ref[0], F32, "out")
-    assert_close(got[1], ref[1], F32, "lse")
-
-
-def test_new_kv_bad_shapes_are_errors():
-    args, new_kv, _ = _new_kv_case(5, 2, 2, 8, 2, 64, 64, 12, F32)
-    with pytest.raises(ValueError, match="new_kv must be"):
-        kernel(*args, tail=True, interpret=INTERPRET, new_kv=(new_kv[0][:, :1], new_kv[1][:, :1]))
-    with pytest.raises(ValueError, match="new_kv must be"):
-        kernel(*args, tail=False, interpret=INTERPRET, new_kv=new_kv)
-
-
-@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
-@pytest.mark.parametrize("T", [1, 5])
-def test_new_kv_lowers_to_one_triton_call(T):
-    sd = jax.ShapeDtypeStruct
-    B, L = 64, 2
-    kv = sd((L, B, 8192, 3, 64), BF16)
-    new = sd((B, T, 3, 64), BF16)
-    def run(q, k, v, idx, n_valid, kv_len, k_new, v_new):
-        return pk.sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, layer=1, new_kv=(k_new, v_new))
-    hlo = lower_for_h200(run, sd((B, T, 9, 64), BF16), kv, kv, sd((L, B, 512), jnp.int32), sd((L, B), jnp.int32),
-                         sd((B,), jnp.int32), new, new)
-    assert triton_calls(hlo, "sparse_attention") == 1
-
-
-def test_write_new_stores_the_new_entries_in_place():
-    """write_new: the kernel also writes new_kv into this layer's slots kv_len-T.. of the aliased cache and
-    leaves every other entry (other layers, slots, sequences) as it was; the attention is unchanged."""
-    q, k_all, v_all, idx, n_valid, kv_len = _per_layer_inputs(23, 80, L=3, B=3, S=80, M=24, min_valid=0)
-    ref = pk.sparse_attention_reference(q, k_all, v_all, idx, n_valid, kv_len, layer=1)
-    b, slots = np.arange(3), np.asarray(kv_len) - 1
-    new_kv = (k_all[1, b, slots][:, None], v_all[1, b, slots][:, None])
-    k_old, v_old = k_all.at[1, b, slots].set(-7.0), v_all.at[1, b, slots].set(-7.0)   # stale entries
-    out, lse, k_new, v_new = kernel(q, k_old, v_old, idx, n_valid, kv_len, tail=True, block_sizes=BS(block_k=16),
-                                    interpret=INTERPRET, layer=jnp.int32(1), new_kv=new_kv, write_new=True)
-    assert_close(out, ref[0], F32, "out")
-    assert_close(lse, ref[1], F32, "lse")
-    np.testing.assert_array_equal(np.asarray(k_new), np.asarray(k_all))   # stale slots now hold the new K/V
-    np.testing.assert_array_equal(np.asarray(v_new), np.asarray(v_all))
-    with pytest.raises(ValueError, match="write_new needs"):
-        kernel(q, k_old, v_old, idx, n_valid, kv_len, tail=True, interpret=INTERPRET, layer=jnp.int32(1),
-               write_new=True)
-
-
-@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
-def test_write_new_lowers_to_one_aliased_triton_call():
-    sd = jax.ShapeDtypeStruct
-    B, L = 64, 2
-    kv = sd((L, B, 8192, 3, 64), BF16)
-    new = sd((B, 1, 3, 64), BF16)
-
-    def run(q, k, v, idx, n_valid, kv_len, k_new, v_new):
-        return pk.sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, layer=1, new_kv=(k_new, v_new),
-                                          write_new=True)
-    hlo = lower_for_h200(run, sd((B, 1, 9, 64), BF16), kv, kv, sd((L, B, 512), jnp.int32), sd((L, B), jnp.int32),
-                         sd((B,), jnp.int32), new, new)
-    assert triton_calls(hlo, "sparse_attention") == 1
-    call = next(ln for ln in hlo.splitlines() if 'name = "sparse_attention"' in ln)
-    assert "output_operand_aliases" in call, call[:400]
