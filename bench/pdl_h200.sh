@@ -6,7 +6,8 @@
 # laid over a copy of the repo for that variant (e.g. .carry/old/jspec/model.py: the previous version of one
 # file). Only the first variant is traced (kernels per round), the others are timed. DUMP=1 also dumps the
 # first variant's optimized HLO and writes $OUT/fusions_<variant>_<shape>_<method>.json: what each of the
-# method's top fusion kernels computes (bench/hlo_fusions.py).
+# method's top fusion kernels computes (bench/hlo_fusions.py). NEW: new tokens per row (128); WIDTHS: LongSpec's
+# tree (2,2,2,2,2).
 #   VARIANTS="base= nopdl=--xla_gpu_enable_pdl=false" RUNS="8000x64:ar,vegas 8000x16:ar,longspec" bash bench/pdl_h200.sh
 #   VARIANTS="new= old=:.carry/old" RUNS="8000x64:ar,vegas-page16" DUMP=1 bash bench/pdl_h200.sh
 set -uo pipefail
@@ -29,7 +30,7 @@ for v in ${VARIANTS:-base= nopdl=--xla_gpu_enable_pdl=false,--xla_gpu_enable_pdl
     dump=""; [ "$first" = 1 ] && [ "${DUMP:-0}" = 1 ] && dump="--xla_dump_to=/tmp/dump_${shape} --xla_dump_hlo_as_text"
     out="$OUT/rounds_${tag}_${shape}_h200.json"
     (cd "$dir" && XLA_FLAGS="$BASE $extra $dump" timeout "${T_RUN:-280}" python3 bench/round_table.py --tag "$tag" \
-      --shape "$shape" --methods "$methods" --new "${NEW:-128}" $trace --out "$out" 2>&1 \
+      --shape "$shape" --methods "$methods" --new "${NEW:-128}" --widths "${WIDTHS:-2,2,2,2,2}" $trace --out "$out" 2>&1 \
       | grep -v Warning | cut -c1-400 | tail -4)
     if [ -n "$dump" ]; then
       for m in ${methods//,/ }; do

@@ -148,7 +148,7 @@ def _flat(w, start, stop=None):
 def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
             tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
             score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None,
-            positions=None):
+            positions=None, live=None):
     """Run T new tokens per sequence through the model, appending their K/V to the cache.
 
     Args:
@@ -163,6 +163,11 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
       score_rows / score_mode: collect per-layer scores of these query rows (see attention.full).
       selector: query-aware sparse attention (Quest-style drafting): `selector(layer, q[B, T, N, H]) ->
         (idx int32[B, M], n_valid int32[B])` picks each layer's entries from its own queries; replaces `sparse`.
+      live: optional bool[B]; rows where it is False are finished and ride along (a speculative batch runs
+        until its slowest row is done): their K/V are still written, but their attention reads almost
+        nothing of the cache (only the first T slots, no selections, an empty tree prefix), so a
+        finished row stops costing its context's bandwidth. Their outputs are junk (finite); live rows
+        are unaffected.
     Returns:
       logits f32[B, R or T, V], the updated cache, and aux: {"scores": f32[L, B, S]} when score_rows.
     """
@@ -172,10 +177,14 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         offs = tree.depth if tree is not None else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         positions = start[:, None] + offs
     slots = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
-    kv_len = start + T
+    kv_len = start + T if live is None else jnp.where(live, start + T, T)   # what attention reads
+
+    def live_n(n):   # selections of finished rows: none
+        return n if live is None else jnp.where(live, n, 0)
     eps = cfg.norm_eps
     x = params["embed"][tokens]
 
+    sparse_n = None if sparse is None else live_n(sparse.n_valid)
     k_all, v_all = cache.k, cache.v
     all_scores = []
     lp, M = params["layers"], B * T
@@ -203,9 +212,9 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
         if selector is not None:
             sel_idx, sel_n = selector(i, q)
-            o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, sel_n, impl=impl)
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, live_n(sel_n), impl=impl)
         elif sparse is not None:
-            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx, sparse.n_valid, impl=impl)
+            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx, sparse_n, impl=impl)
         else:
             o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
                                        score_rows=score_rows, score_mode=score_mode, impl=impl)

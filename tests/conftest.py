@@ -79,3 +79,31 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(map(str, ids))
+
+
+def spy_attention_reads(monkeypatch) -> list:
+    """Record how many cache slots every attention call of a round may read, per row: (kind, int array [B]).
+
+    full: kv_len (prefix + the new tokens); sparse: the valid selections + the T new tokens. Works for eager
+    calls (concrete lengths); a traced call records nothing."""
+    import jax.core
+    from jspec import attention
+
+    reads, full, sparse = [], attention.full, attention.sparse
+
+    def note(kind, n):
+        if not isinstance(n, jax.core.Tracer):
+            reads.append((kind, np.asarray(n)))
+
+    def full_spy(q, k_all, v_all, layer, kv_len, **kw):
+        note("full", kv_len)
+        return full(q, k_all, v_all, layer, kv_len, **kw)
+
+    def sparse_spy(q, k_all, v_all, layer, kv_len, idx, n_valid, **kw):
+        n = n_valid[layer] if getattr(n_valid, "ndim", 1) == 2 else n_valid
+        note("sparse", n + q.shape[1])
+        return sparse(q, k_all, v_all, layer, kv_len, idx, n_valid, **kw)
+
+    monkeypatch.setattr(attention, "full", full_spy)
+    monkeypatch.setattr(attention, "sparse", sparse_spy)
+    return reads

@@ -106,6 +106,27 @@ def test_greedy_identical_to_plain_decoding(mode, kind):
         assert st.tau() > 1.4 and hist[:, 2:].sum() >= 2, hist  # deep paths accepted: compaction exercised
 
 
+def test_finished_rows_stop_reading_their_caches(monkeypatch):
+    """A round with row 1 done: the drafter's cross-attention and the tree verification let that row read at
+    most the tree's slots (it reads its whole context when live), the live rows as much as before."""
+    from conftest import spy_attention_reads
+    from jspec.speculative import engine
+    s, spec = setup("plain"), SPECS["tree"]
+    state = speculative.init(s["params"], s["cfg"], spec, s["tokens"], s["lengths"], CAPACITY, drafter=s["drafter"])
+    st = engine.start(spec, GREEDY, state, jax.random.key(0), NEW)
+    reads = spy_attention_reads(monkeypatch)
+    got, T = {}, 1 + sum(spec.widths)
+    for done in ([False, False, False], [False, True, False]):
+        reads.clear()
+        with jax.disable_jit():
+            engine.round_(s["params"], s["cfg"], spec, GREEDY, st.replace(done=jnp.array(done)), NEW, (),
+                          drafter=s["drafter"], impl=engine.AttnImpl())
+        assert len(reads) == len(spec.widths) + s["cfg"].n_layers   # a cross-attention per drafter step, verification
+        got[done[1]] = np.stack([n for _, n in reads])
+    np.testing.assert_array_equal(got[True][:, [0, 2]], got[False][:, [0, 2]])
+    assert (got[True][:, 1] <= T).all() and (got[False][:, 1] > T).all(), got
+
+
 def test_compaction_leaves_plain_decodings_cache():
     """After decoding with deep tree acceptances, every cached target slot equals plain decoding's (same tokens,
     same positions; the last round may overshoot NEW by up to depth tokens, so plain decoding runs further)

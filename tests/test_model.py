@@ -251,6 +251,40 @@ def test_pallas_interpret_path_matches_xla_in_the_model(arch):
         np.testing.assert_allclose(got, want, atol=2e-4, rtol=2e-4)
 
 
+def test_finished_rows_skip_their_cache_reads():
+    """`forward(live=)`: a finished row (live False) no longer reads its cache, live rows are unchanged.
+
+    The kernels (interpret mode) never read slots >= kv_len, so the finished row's cache is poisoned with
+    NaN beyond the few slots it may still touch: with `live` its logits stay finite (nothing was read),
+    without it they are NaN (the poison is read). Chain verify with scores, tree verify, sparse draft."""
+    from jspec.attention import AttnImpl
+    cfg = tiny("llama", head_dim=64, n_heads=6, n_kv_heads=2, d_model=96, n_layers=2)
+    params = _params(cfg, 23)
+    impl = AttnImpl(backend="pallas", interpret=True)
+    B, T, P = 3, 5, 20
+    toks = jax.random.randint(jax.random.key(10), (B, P + T), 0, cfg.vocab_size)
+    cache = kv_cache.init(cfg, batch=B, capacity=40)
+    _, cache, _ = model.forward(params, cfg, toks[:, :P], cache, impl=impl)
+    live = jnp.array([True, False, True])
+    poisoned = cache.replace(k=cache.k.at[:, 1, T:P].set(jnp.nan), v=cache.v.at[:, 1, T:P].set(jnp.nan))
+    tree = model.Tree(depth=jnp.broadcast_to(jnp.array([0, 1, 1, 2, 2], jnp.int32), (B, T)),
+                      mask=jnp.broadcast_to(jnp.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                                                       [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], bool), (B, T, T)))
+    sp = model.Sparse(idx=jnp.broadcast_to(jnp.array([0, 2, 3, 5, 8, 9, 12, 15], jnp.int32), (2, B, 8)),
+                      n_valid=jnp.full((2, B), 8, jnp.int32))
+    calls = {"chain": dict(tokens=toks[:, P:], score_rows=(0, T - 1)), "tree": dict(tokens=toks[:, P:], tree=tree),
+             "sparse": dict(tokens=toks[:, P:P + 1], sparse=sp)}
+    for name, kw in calls.items():
+        want, want_cache, _ = model.forward(params, cfg, cache=cache, impl=impl, **kw)
+        got, got_cache, _ = model.forward(params, cfg, cache=poisoned, impl=impl, live=live, **kw)
+        np.testing.assert_allclose(got[0::2], want[0::2], atol=1e-5, rtol=1e-5, err_msg=name)
+        assert np.isfinite(np.asarray(got)).all(), name
+        np.testing.assert_array_equal(got_cache.k[:, 0::2], want_cache.k[:, 0::2])   # writes as before
+        assert (got_cache.lengths == want_cache.lengths).all()
+        read, _, _ = model.forward(params, cfg, cache=poisoned, impl=impl, **kw)
+        assert np.isnan(np.asarray(read[1])).any(), name          # without `live` the poison is read
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_projections_equal_separate_weights(arch):
     """model.fuse_projections (the layout jspec.load hands out): the same logits and cache entries as the

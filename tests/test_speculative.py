@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 import jspec
-from conftest import CharTokenizer
+from conftest import CharTokenizer, spy_attention_reads
 from jspec import decoding as gen
 from jspec import kv_cache, model, sampling, speculative
 from jspec.attention import AttnImpl
@@ -323,3 +323,24 @@ def test_per_sequence_tau_and_straggler():
     r = row_stats(st)
     assert r["tau_row_min"] == 1.5 and r["rounds_mean"] == round(8 / 3, 2)
     assert r["straggler"] == round(3 / (8 / 3), 3) and len(r["tau_rows"]) == 3
+
+
+@pytest.mark.parametrize("name", ["vegas", "quest"])
+def test_finished_rows_stop_reading_their_caches(monkeypatch, name):
+    """A round with row 1 done: every draft and verification attention call lets that row read at most
+    gamma + 1 slots (no selections, no context; it reads more when live), the live rows as much as before."""
+    from jspec.speculative import engine
+    cfg, params, tokens, lengths, _, _ = setup("llama")
+    spec = variant("llama", name)
+    state = speculative.init(params, cfg, spec, tokens, lengths, CAPACITY)
+    st = engine.start(spec, GREEDY, state, jax.random.key(0), NEW)
+    reads = spy_attention_reads(monkeypatch)
+    got = {}
+    for done in ([False, False, False], [False, True, False]):
+        reads.clear()
+        with jax.disable_jit():
+            engine.round_(params, cfg, spec, GREEDY, st.replace(done=jnp.array(done)), NEW, (), AttnImpl())
+        assert {k for k, _ in reads} == {"full", "sparse"} and len(reads) == cfg.n_layers * (spec.gamma + 1)
+        got[done[1]] = np.stack([n for _, n in reads])
+    np.testing.assert_array_equal(got[True][:, [0, 2]], got[False][:, [0, 2]])
+    assert (got[True][:, 1] <= spec.gamma + 1).all() and (got[False][:, 1] > spec.gamma + 1).all(), got

@@ -165,8 +165,9 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
 # ------------------------------------------------------------------------------------------- the pieces
 
 def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, mstate, cache, last, key,
-          impl: AttnImpl = AttnImpl()):
-    """gamma sparse one-token forwards of the target (step 1).
+          impl: AttnImpl = AttnImpl(), live=None):
+    """gamma sparse one-token forwards of the target (step 1). `live` (bool[B], optional): rows still
+    decoding; finished ones skip their attention reads (`model.forward`'s `live`) and draft junk.
 
     Returns:
       drafts int32[B, gamma]; q f32[B, gamma, V] processed draft distributions (None for greedy);
@@ -180,7 +181,8 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, msta
     def step(carry, j):
         cache, tok, key = carry
         key, sub = jax.random.split(key)
-        logits, cache, _ = model.forward(params, cfg, tok[:, None], cache, impl=impl, **m.draft_kwargs(spec, sel, j))
+        logits, cache, _ = model.forward(params, cfg, tok[:, None], cache, impl=impl, live=live,
+                                         **m.draft_kwargs(spec, sel, j))
         logits = logits[:, 0]
         if samp.greedy:
             d, q = sampling.greedy(logits), None
@@ -195,8 +197,8 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, msta
     return drafts, q, cache
 
 
-def verify(params, cfg: ModelConfig, spec: SpecConfig, cache, last, drafts, impl: AttnImpl = AttnImpl()):
-    """One full-attention forward over [last, d1..dg] at slots lengths.. (step 2).
+def verify(params, cfg: ModelConfig, spec: SpecConfig, cache, last, drafts, impl: AttnImpl = AttnImpl(), live=None):
+    """One full-attention forward over [last, d1..dg] at slots lengths.. (step 2); `live` as in `draft`.
 
     Returns:
       logits f32[B, gamma+1, V], the cache (lengths + gamma + 1), scores f32[L, B, S] or None.
@@ -204,7 +206,7 @@ def verify(params, cfg: ModelConfig, spec: SpecConfig, cache, last, drafts, impl
     rows = _method(spec).score_rows(spec)
     block = jnp.concatenate([last[:, None], drafts], axis=1)
     logits, cache, aux = model.forward(params, cfg, block, cache, score_rows=rows, score_mode=spec.score_mode,
-                                       impl=impl)
+                                       impl=impl, live=live)
     return logits, cache, aux.get("scores")
 
 
@@ -315,13 +317,14 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     is_stop = _stop_test(stop_tokens)
     key, k_draft, k_accept = jax.random.split(st.key, 3)
     base = st.cache.lengths
+    live = ~st.done   # finished rows ride along without reading their caches (model.forward's `live`)
     if is_longspec:   # drafts = the accepted path; the cache is already compacted
         drafts, n_acc, nxt, cache, mstate = longspec.step(params, cfg, spec, samp, drafter, st.mstate, st.cache,
-                                                          st.last, ~st.done, k_draft, k_accept, impl)
+                                                          st.last, live, k_draft, k_accept, impl)
     else:
-        drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl)
+        drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl, live)
         cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
-        logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl)
+        logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl, live)
         n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
 
     # Emit d1..dn + next, cut after the first stop token and at max_new_tokens; finished rows emit nothing.
@@ -336,7 +339,7 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     n_out = st.n_out + count
     done = st.done | (stop_at < count) | (n_out >= max_new_tokens)
 
-    active = ~st.done
+    active = live
     cache = cache.replace(lengths=jnp.where(active, base + n_acc + 1, base))
     if not is_longspec:
         mstate = _method(spec).update(spec, st.mstate, cache, scores, base)

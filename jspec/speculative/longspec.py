@@ -62,31 +62,33 @@ def init(drafter, params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, pro
                                      window=spec.window, dtype=cfg.dtype))
 
 
-def cross_attention(cfg: ModelConfig, cache: kv_cache.KVCache, impl: AttnImpl = AttnImpl()):
+def cross_attention(cfg: ModelConfig, cache: kv_cache.KVCache, impl: AttnImpl = AttnImpl(), live=None):
     """The drafter's cross-attention as `attention.full` over the target's last layer, read in place.
 
     Every draft node sees the same keys, the accepted slots j < lengths, so the T nodes are folded into the
     head axis as T*N heads of ONE query row (head k*T*G + t*G + g reads KV head k, GQA-grouped as the kernel
     expects) with kv_len = lengths: bottom-right causal then means "every slot < lengths". On GPU this is the
     flash kernel, whose cost follows the context length, not the cache capacity; on CPU the XLA path.
+    Rows where `live` (bool[B], optional) is False read slot 0 only (finished rows: their output is junk).
     Returns cross_fn(q [B, T, N, H]) -> [B, T, N, H] for `drafter_tree_step`.
     """
     K = cfg.n_kv_heads
+    kv_len = cache.lengths if live is None else jnp.where(live, cache.lengths, 1)
 
     def cross_fn(q):
         B, T, N, H = q.shape
         G = N // K
         q1 = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B, 1, K * T * G, H)
-        o, _ = attention.full(q1.astype(cache.k.dtype), cache.k, cache.v, cfg.n_layers - 1, cache.lengths,
-                              impl=impl)
+        o, _ = attention.full(q1.astype(cache.k.dtype), cache.k, cache.v, cfg.n_layers - 1, kv_len, impl=impl)
         return o.reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H).astype(q.dtype)
 
     return cross_fn
 
 
 def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, drafter, mstate: State,
-          cache: kv_cache.KVCache, last, key, impl: AttnImpl = AttnImpl()) -> Draft:
-    """Grow the round's draft tree with the drafter (step 1). Reads the cache, writes nothing to it."""
+          cache: kv_cache.KVCache, last, key, impl: AttnImpl = AttnImpl(), live=None) -> Draft:
+    """Grow the round's draft tree with the drafter (step 1). Reads the cache, writes nothing to it.
+    `live` (bool[B], optional): rows still decoding; finished ones skip their cross-attention reads."""
     dparams = _need(drafter)
     widths = spec.widths
     B = last.shape[0]
@@ -94,7 +96,7 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
     dcache = mstate.dcache
     shape = (B, T, cfg.n_kv_heads, cfg.head_dim)
     buf = (jnp.zeros(shape, dcache.k.dtype), jnp.zeros(shape, dcache.v.dtype))
-    cross_fn = cross_attention(cfg, cache, impl)   # every accepted target slot (< lengths) is visible
+    cross_fn = cross_attention(cfg, cache, impl, live)   # every accepted target slot (< lengths) is visible
 
     def run_level(buf, lvl, idx, tree):
         slots = jnp.broadcast_to(jnp.asarray(idx, jnp.int32), (B, len(idx)))
@@ -107,13 +109,13 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
 
 
 def verify(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, tree: tree_lib.DraftTree,
-           impl: AttnImpl = AttnImpl()):
+           impl: AttnImpl = AttnImpl(), live=None):
     """One target forward over the whole tree (step 2). Returns logits f32[B, T, V] and the cache (lengths
-    + T; node t's K/V at slot base + t)."""
+    + T; node t's K/V at slot base + t). `live` as in `draft` (model.forward's)."""
     B, T = tree.tokens.shape
     depth = jnp.broadcast_to(jnp.asarray(tree_lib.depths(spec.widths)), (B, T))
     logits, cache, _ = model.forward(params, cfg, tree.tokens, cache, tree=model.Tree(depth=depth, mask=tree.mask),
-                                     impl=impl)
+                                     impl=impl, live=live)
     return logits, cache
 
 
@@ -142,8 +144,8 @@ def step(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draft
     """draft -> verify -> accept -> commit. Returns drafts int32[B, depth] (the accepted path first),
     n_accepted, next token, the cache (lengths still base + T) and the new State."""
     base = cache.lengths
-    d = draft(params, cfg, spec, samp, drafter, mstate, cache, last, k_draft, impl)
-    logits, cache = verify(params, cfg, spec, cache, d.tree, impl)
+    d = draft(params, cfg, spec, samp, drafter, mstate, cache, last, k_draft, impl, active)
+    logits, cache = verify(params, cfg, spec, cache, d.tree, impl, active)
     best, n_acc, nxt = accept(spec, samp, d, logits, k_accept)
     drafts, cache, mstate = commit(spec, d, cache, base, best, n_acc, active, mstate)
     return drafts, n_acc, nxt, cache, mstate
