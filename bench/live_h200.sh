@@ -6,8 +6,10 @@
 #                                  # B=16 and vegas-page8 at L=8000, B=64, with (live) and without (ride) the change
 #   bash bench/live_h200.sh grid   # the issue shapes with the change: bench/longspec.py at L=8000, B=16 (tree and
 #                                  # chain, ar and vegas in the same run) and bench/spec.py at L=8000, B=64
+#   bash bench/live_h200.sh more   # LongSpec tree sizes at L=8000, B=16 (tau and tokens/s vs nodes), then LongSpec
+#                                  # served (refills of 4, staged and not) on 128 prompts of 8000 tokens, B=16
 set -uo pipefail
-mode=${1:?ab or grid}
+mode=${1:?ab, grid or more}
 case "$mode" in
   ab)
     VARIANTS="live= ride=:.carry/old" RUNS="8000x16:ar,longspec" NEW=256 WIDTHS=2,4,4,4 T_RUN=200 \
@@ -22,5 +24,11 @@ case "$mode" in
       --batches 64 --methods streaming,vegas-page8 --gammas 4 --gamma-methods "" --budgets 512 --sweep-methods "" \
       --no-ablation --sweep-shape 8000x64 --split-shape 8000x64 --budget-s 260 2>&1 | grep -v Warning \
       | tee "$OUT/spec_live_h200_log.txt" | grep -A6 "method          L" ;;
+  more)
+    timeout "${T1:-300}" python3 bench/longspec.py --lengths 8000 --batches 16 --temps 0 --modes tree \
+      --widths tuned --out "$OUT/longspec_live_trees_8000x16_h200.json" 2>&1 | grep -v Warning \
+      | tee "$OUT/longspec_live_trees_8000x16_h200_log.txt" | grep -A12 "label             L"
+    SHAPES=8000x16 METHODS=ar,longspec WIDTHS=2,4,4,4 STAGED=1,0 REFILL=4 QUEUE=8 TAG=_live T_SERVE=280 \
+      bash bench/serve_h200.sh ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
