@@ -84,7 +84,8 @@ def decode(params, cfg: ModelConfig, samp: SamplingConfig, cache: kv_cache.KVCac
     """Decode after `prefill`. Returns (tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], cache).
 
     A row stops after emitting a stop token (which is kept) or `max_new_tokens`; finished rows still ride
-    along in the batch (static shapes) but their cache lengths no longer move."""
+    along in the batch (static shapes) but their cache lengths no longer move and their attention no longer
+    reads their cache (`model.forward(live=)`)."""
     B = first_logits.shape[0]
     key, sub = jax.random.split(key)
     first = next_token(first_logits, samp, sub)
@@ -100,7 +101,7 @@ def decode(params, cfg: ModelConfig, samp: SamplingConfig, cache: kv_cache.KVCac
     def body(st):
         key, sub = jax.random.split(st.key)
         old = st.cache.lengths
-        logits, cache, _ = model.forward(params, cfg, st.cur[:, None], st.cache, impl=impl)
+        logits, cache, _ = model.forward(params, cfg, st.cur[:, None], st.cache, impl=impl, live=~st.done)
         cache = cache.replace(lengths=jnp.where(st.done, old, cache.lengths))
         tok = next_token(logits[:, 0], samp, sub)
         tok = jnp.where(st.done, -1, tok)

@@ -94,7 +94,8 @@ def test_greedy_decode_equals_naive_argmax_loop():
     assert int(n_out[0]) == 8
 
 
-def test_stop_token_ends_each_sequence_separately():
+def test_stop_token_ends_each_sequence_separately(monkeypatch):
+    from conftest import spy_attention_reads
     cfg = tiny("llama")
     params = _params(cfg, 9)
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
@@ -104,12 +105,18 @@ def test_stop_token_ends_each_sequence_separately():
     free, _, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0), max_new_tokens=12)
     # Make row 0's third emitted token a stop token and check only row 0 stops there.
     stop = int(free[0, 2])
-    assert stop not in free[1].tolist()[:3] or True
     cache = kv_cache.init(cfg, batch=2, capacity=40)
     logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
-    out, n_out, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0), max_new_tokens=12,
-                               stop_tokens=(stop,))
+    reads = spy_attention_reads(monkeypatch)
+    with jax.disable_jit():   # eager loop: the spy sees each step's read lengths
+        out, n_out, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0),
+                                   max_new_tokens=12, stop_tokens=(stop,))
     first_stop = [next((i for i, t in enumerate(free[b].tolist()) if t == stop), None) for b in range(2)]
+    # A stopped row rides along without reading its cache: one slot per step after it stopped.
+    steps = np.stack([n for _, n in reads])[::cfg.n_layers]          # [steps, B]
+    for b in range(2):
+        stopped = len(steps) if first_stop[b] is None else first_stop[b]
+        assert (steps[stopped:, b] == 1).all() and (steps[:stopped, b] == lengths[b] + 1 + np.arange(stopped)).all()
     for b in range(2):
         want = 12 if first_stop[b] is None else first_stop[b] + 1
         assert int(n_out[b]) == want
