@@ -339,10 +339,9 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     n_out = st.n_out + count
     done = st.done | (stop_at < count) | (n_out >= max_new_tokens)
 
-    active = live
-    cache = cache.replace(lengths=jnp.where(active, base + n_acc + 1, base))
+    cache = cache.replace(lengths=jnp.where(live, base + n_acc + 1, base))
     if not is_longspec:
         mstate = _method(spec).update(spec, st.mstate, cache, scores, base)
-    hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * active[:, None].astype(jnp.int32))
-    return _Loop(cache=cache, mstate=mstate, last=jnp.where(active, nxt, st.last), out=out, n_out=n_out,
-                 done=done, key=key, rounds=st.rounds + active.astype(jnp.int32), hist=hist)
+    hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * live[:, None].astype(jnp.int32))
+    return _Loop(cache=cache, mstate=mstate, last=jnp.where(live, nxt, st.last), out=out, n_out=n_out,
+                 done=done, key=key, rounds=st.rounds + live.astype(jnp.int32), hist=hist)
