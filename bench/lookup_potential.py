@@ -1,6 +1,6 @@
 """How much could a prompt-lookup branch add to LongSpec's drafts on the benchmark rows? (a measurement, offline)
 
-    PYTHONPATH=. python bench/lookup_potential.py --out $OUT/lookup_potential_h200.json [--length 8000 --batch 16]
+    PYTHONPATH=. python bench/lookup_potential.py --out $OUT/lookup_potential_h200.json [--length 7936 --batch 16]
 
 Runs plain greedy decoding (`ar`) and LongSpec (the drafter's tuned tree) on bench/spec.py's rows (code and prose
 alternating, stop tokens ignored), then replays ar's output offline with an n-gram lookup drafter: at each round
@@ -59,7 +59,7 @@ def main():
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--length", type=int, default=8000)
+    p.add_argument("--length", type=int, default=7936, help="prompt tokens (+ --new must fit the 8192 positions)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--new", type=int, default=256)
     p.add_argument("--gammas", default="4,6")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Three probes on the H200 (after staging the model as in ../shared/gpu/README.md, from the repo root, carrying
 # .carry/heldout), each writing JSON + log to $OUT:
-#   bash bench/probe_h200.sh lookup   # bench/lookup_potential.py at L=8000, B=16: LongSpec's per-row tau beside a
+#   bash bench/probe_h200.sh lookup   # bench/lookup_potential.py at L=7936, B=16: LongSpec's per-row tau beside a
 #                                     # simulated prompt-lookup drafter's on ar's greedy output (no timing)
 #   bash bench/probe_h200.sh tune64   # `jspec tune --method longspec` at L=8000, B=64 on mixed code/prose rows
 #                                     # (bench/tune_longspec_h200.sh; the drafter's tuned.json had no B=64 entry)
@@ -12,7 +12,7 @@ for mode in "$@"; do
   case "$mode" in
     lookup)
       timeout "${T_LOOKUP:-240}" python3 bench/lookup_potential.py --out "$OUT/lookup_potential_h200.json" \
-        --length 8000 --batch 16 2>&1 | grep -v Warning | tee "$OUT/lookup_potential_h200_log.txt" | tail -22 ;;
+        --length 7936 --batch 16 2>&1 | grep -v Warning | tee "$OUT/lookup_potential_h200_log.txt" | tail -22 ;;
     tune64)
       MIXED=1 TAG=mixed BATCHES=64 T_TUNE="${T_TUNE:-280}" bash bench/tune_longspec_h200.sh ;;
     vbudget)
