@@ -12,7 +12,8 @@
 
 Two tiny targets share one config (so every jitted function compiles once per mode): "plain" random weights
 with a random drafter, and "local", whose layers are damped so the next token depends mostly on the current
-one; a drafter with a zero block (logits = head(norm(embed(token)))) then predicts it well.
+one; a drafter with a zero block (logits = head(norm(embed(token)))) then predicts it well (its self-attention K/V
+projections are random, but with a zero output projection they change nothing but the ring's entries).
 """
 import dataclasses
 import functools
@@ -64,6 +65,11 @@ def setup(kind):
     if kind == "local":
         params = damped(params, 0.006)
         drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.0)
+        # Self-attention K/V projections that are not zero (its output projection stays zero, so the drafts
+        # do not change): the ring check in test_compaction_leaves_plain_decodings_cache then sees real K/V.
+        kk, kv = jax.random.split(jax.random.key(3))
+        drafter = dict(drafter, wk=0.3 * jax.random.normal(kk, drafter["wk"].shape, drafter["wk"].dtype),
+                       wv=0.3 * jax.random.normal(kv, drafter["wv"].shape, drafter["wv"].dtype))
     else:
         drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.3)
     rng = np.random.default_rng(5)

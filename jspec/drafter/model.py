@@ -134,12 +134,22 @@ def _w(p, name, dtype):
     return p[name].astype(dtype)
 
 
+def _self_kv(dp, cfg, h, positions):
+    k = jnp.einsum("BTD,DKH->BTKH", h, _w(dp, "wk", h.dtype))
+    v = jnp.einsum("BTD,DKH->BTKH", h, _w(dp, "wv", h.dtype))
+    return rope(k, positions, cfg), v
+
+
 def _self_qkv(dp, cfg, x, positions):
     h = rms_norm(x, dp["attn_norm"], cfg.norm_eps)
     q = jnp.einsum("BTD,DNH->BTNH", h, _w(dp, "wq", x.dtype))
-    k = jnp.einsum("BTD,DKH->BTKH", h, _w(dp, "wk", x.dtype))
-    v = jnp.einsum("BTD,DKH->BTKH", h, _w(dp, "wv", x.dtype))
-    return rope(q, positions, cfg), rope(k, positions, cfg), v
+    return (rope(q, positions, cfg),) + _self_kv(dp, cfg, h, positions)
+
+
+def drafter_node_kv(dparams, tparams, cfg: ModelConfig, tokens, positions):
+    """The self-attention K/V a drafter token writes at `positions` (int32[B, T]): they depend on the token and
+    its position only. For nodes whose K/V no drafter step computed (a draft tree's last level)."""
+    return _self_kv(dparams, cfg, rms_norm(_embed(tparams, tokens), dparams["attn_norm"], cfg.norm_eps), positions)
 
 
 def _after_self(dp, tp, cfg, x, o_self, positions, target_k, target_v, cross_visible, logits_at, cross_fn=None):

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jspec import attention, kv_cache, model
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-from jspec.drafter.model import DrafterCache, drafter_commit, drafter_fill, drafter_tree_step
+from jspec.drafter.model import DrafterCache, drafter_commit, drafter_fill, drafter_node_kv, drafter_tree_step
 from jspec.speculative import tree as tree_lib
 from jspec.speculative.config import SpecConfig
 
@@ -105,6 +106,12 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
         return logits, (nk, nv)
 
     tree, q, (nk, nv) = tree_lib.grow(widths, samp, key, last, run_level, buf)
+    # The last level's nodes grow nothing, so no drafter step ran them; their K/V (token and position only)
+    # are still needed when a round accepts the whole depth and commits the leaf to the ring.
+    leaf = np.arange(tree_lib.level_offsets(widths)[-2], T)
+    k, v = drafter_node_kv(dparams, params, cfg, tree.tokens[:, leaf],
+                           jnp.broadcast_to(dcache.lengths[:, None] + len(widths), (B, len(leaf))))
+    nk, nv = nk.at[:, leaf].set(k.astype(nk.dtype)), nv.at[:, leaf].set(v.astype(nv.dtype))
     return Draft(tree=tree, q=q, node_k=nk, node_v=nv)
 
 
