@@ -62,7 +62,7 @@ def _label(spec):
         return "ar"
     if spec.method != "longspec":
         return spec.method
-    return f"longspec-{spec.mode}"
+    return f"longspec-{spec.mode}" + (f"+lookup{spec.lookup}" if spec.lookup else "")
 
 
 def _profile_round(compiled, P, spec, prep, params, dparams, cache, logits, last, tokens, lens, key, top=15):
@@ -109,6 +109,8 @@ def main():
     ap.add_argument("--widths", default="4,16,16,16,16",
                     help="tree widths per level, or 'tuned': the drafter's tuned shape for each batch size")
     ap.add_argument("--gamma", type=int, default=0, help="chain length (0: the tree's depth)")
+    ap.add_argument("--lookups", default="", help="greedy runs of every mode also with a prompt-lookup chain of "
+                                                  "each of these lengths (SpecConfig.lookup), e.g. 4,8")
     ap.add_argument("--vegas-gamma", type=int, default=4)
     ap.add_argument("--vegas-budget", type=int, default=512)
     ap.add_argument("--sweep-widths", default=SWEEP_WIDTHS, help="';'-separated tree sizes (greedy, sweep shape)")
@@ -165,8 +167,10 @@ def main():
     sweep_widths = [_ints(w) for w in a.sweep_widths.split(";") if w]
     samps = {t: SamplingConfig(temperature=t) for t in temps}
 
-    def longspec(mode, w):
-        return SpecConfig("longspec", mode=mode, gamma=a.gamma or len(w), tree_widths=w, window=window)
+    def longspec(mode, w, lookup=0):
+        return SpecConfig("longspec", mode=mode, gamma=a.gamma or len(w), tree_widths=w, window=window, lookup=lookup)
+
+    lookups = [g for g in _ints(a.lookups) if g > 0] if a.lookups else []
 
     vegas = SpecConfig("vegas", gamma=a.vegas_gamma, budget=a.vegas_budget)
     modes = [x for x in a.modes.split(",") if x]
@@ -180,6 +184,8 @@ def main():
         for t in temps:
             cfgs += [("grid", None, t), ("grid", vegas, t)] + [("grid", longspec(mo, widths_for(s[1])), t)
                                                                 for mo in modes]
+            if t == 0.0:   # prompt-lookup chains are greedy-only
+                cfgs += [("grid", longspec(mo, widths_for(s[1]), g), t) for mo in modes for g in lookups]
         if s == sweep:
             for w in sweep_widths:
                 spec = longspec("tree", w)
@@ -196,7 +202,8 @@ def main():
     pkey = (lambda L, B: B) if share else (lambda L, B: (L, B))
     width = (lambda L: Lmax) if share else (lambda L: L)
     # The longspec State only depends on the drafter's window: one prepare program serves every tree.
-    prep_spec = lambda sp: SpecConfig("longspec", window=window) if sp.method == "longspec" else sp
+    # (with a lookup chain it also records the tokens by slot: one more program for any chain length)
+    prep_spec = lambda sp: SpecConfig("longspec", window=window, lookup=min(sp.lookup, 1)) if sp.method == "longspec" else sp
     print(f"drafter: {drafter_name} (window {window}); plan: {len(plan)} shapes, "
           f"{sum(len(c) for c in plan.values())} runs", flush=True)
     for s_, cfgs in plan.items():
@@ -378,7 +385,11 @@ def _summary(records, sweep, widths):
     out["tau_by_tree_size"] = {str(sum(r["widths"])) + ":" + ",".join(map(str, r["widths"])):
                                {"tau": r["tau"], "tokens_per_s": r["tokens_per_s"]}
                                for r in records if r["method"] == "longspec" and (r["L"], r["B"]) == sweep
-                               and r["T"] == 0.0 and r["mode"] == "tree"}
+                               and r["T"] == 0.0 and r["mode"] == "tree" and not r["knobs"].get("lookup")}
+    for r in records:   # prompt-lookup chains (--lookups) at L=8000 (or the longest L)
+        if r["method"] == "longspec" and r["knobs"].get("lookup") and r["L"] == L:
+            out[f"{r['label']}_speedup_vs_ar_L8000_B{r['B']}"] = r["speedup_vs_ar"]
+            out[f"{r['label']}_tau_L8000_B{r['B']}"] = r["tau"]
     agree = [r["agree_with_ar"] for r in records if r["method"] != "ar" and "agree_with_ar" in r]
     out["agree_with_ar_mean"] = round(float(np.mean(agree)), 3) if agree else None
     return out

@@ -6,6 +6,7 @@
 #   bash bench/probe_h200.sh tune64   # `jspec tune --method longspec` at L=8000, B=64 on mixed code/prose rows
 #                                     # (bench/tune_longspec_h200.sh; the drafter's tuned.json had no B=64 entry)
 #   bash bench/probe_h200.sh vbudget  # vegas in pages of 8 at L=8000, B=64: draft budget 256 / 384 / 512
+#   bash bench/probe_h200.sh leafab lookup8000 lserve   # (carry .carry/old for leafab; see each mode below)
 set -uo pipefail
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
 for mode in "$@"; do
@@ -20,6 +21,18 @@ for mode in "$@"; do
         --lengths 8000 --batches 64 --methods vegas-page8 --gammas 4 --gamma-methods "" --budgets 256,384,512 \
         --sweep-methods vegas-page8 --sweep-shape 8000x64 --split-shape 8000x64 --no-ablation --budget-s 200 2>&1 \
         | grep -v Warning | tee "$OUT/spec_budget64_h200_log.txt" | tail -20 ;;
+    leafab)   # the draft tree's leaf K/V fix (commit 378e849) against the code before it (.carry/old: longspec.py,
+              # drafter/model.py and engine.py of commit 76d4bfe), whole loops, LongSpec (2,4,4,4), L=8000, B=16
+      VARIANTS="leaf= zero=:.carry/old" RUNS="8000x16:ar,longspec" NEW=256 WIDTHS=2,4,4,4 T_RUN=200 \
+        bash bench/pdl_h200.sh ;;
+    lookup8000)   # LongSpec with prompt-lookup chains of 4 and 8 beside the tuned tree / chain, L=8000, greedy
+      timeout "${T_LOOKUP:-330}" python3 bench/longspec.py --lengths 8000 --batches 16,64,1 --temps 0 \
+        --modes tree,chain --widths tuned --lookups 4,8 --sweep-widths "" --budget-s 300 \
+        --out "$OUT/longspec_lookup_h200.json" 2>&1 | grep -v Warning | tee "$OUT/longspec_lookup_h200_log.txt" \
+        | grep -A30 "label             L" ;;
+    lserve)   # LongSpec (2,4,4,4) + a lookup chain of ${LOOKUP:-8} served (refills of 4, staged and not), 128 prompts
+      SHAPES=8000x16 METHODS=ar,longspec WIDTHS=2,4,4,4 LOOKUP="${LOOKUP:-8}" STAGED=1,0 REFILL=4 QUEUE=8 \
+        TAG=_lookup T_SERVE=280 bash bench/serve_h200.sh ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done

@@ -41,7 +41,7 @@ from jspec.speculative import SpecConfig, engine, serve  # noqa: E402
 def spec_for(name, a):
     """The SpecConfig a benchmark runs for method `name` from its --gamma / --budget / --widths flags."""
     if name == "longspec":
-        return SpecConfig("longspec", tree_widths=tuple(int(w) for w in a.widths.split(",")))
+        return SpecConfig("longspec", tree_widths=tuple(int(w) for w in a.widths.split(",")), lookup=a.lookup)
     from bench.spec import method_spec   # vegas-pageN, vegas-sort
     return method_spec(name, gamma=a.gamma, budget=a.budget)
 
@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--widths", default="2,2,2,2,2", help="longspec tree widths")
+    ap.add_argument("--lookup", type=int, default=0, help="longspec: a prompt-lookup chain of this many tokens")
     ap.add_argument("--impl", default="pallas", choices=["pallas", "xla", "auto"])
     ap.add_argument("--dense-rows", type=int, default=0,
                     help="AttnImpl.dense_rows: steps of up to this many rows on the row-independent dense kernels "

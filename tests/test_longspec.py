@@ -30,6 +30,7 @@ from jspec import kv_cache, model, sampling, speculative
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.drafter import drafter_fill, init_drafter_params, load_drafter
 from jspec.speculative import SpecConfig
+from jspec.speculative import lookup as lookup_lib
 from jspec.speculative import tree as tree_lib
 
 GREEDY = SamplingConfig()
@@ -38,7 +39,8 @@ CAPACITY = 96
 PROMPT_LENGTHS = (3, 29, 17)
 WINDOW = 8
 SPECS = {"chain": SpecConfig("longspec", mode="chain", gamma=3, window=WINDOW),
-         "tree": SpecConfig("longspec", tree_widths=(2, 4, 3), window=WINDOW)}
+         "tree": SpecConfig("longspec", tree_widths=(2, 4, 3), window=WINDOW),
+         "lookup": SpecConfig("longspec", tree_widths=(2, 4, 3), window=WINDOW, lookup=5)}
 DRAFTER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "checkpoints", "drafters", "smollm2-135m")
 
@@ -110,6 +112,8 @@ def test_greedy_identical_to_plain_decoding(mode, kind):
         assert st.tau() < 1.5                                   # a random drafter: mostly rejected
     else:
         assert st.tau() > 1.4 and hist[:, 2:].sum() >= 2, hist  # deep paths accepted: compaction exercised
+    if kind == "local" and spec.lookup:   # the damped target's greedy loops: the chain goes past the tree's depth
+        assert hist[:, len(spec.widths) + 1:].sum() >= 1, hist   # (which nothing else can accept)
 
 
 def test_finished_rows_stop_reading_their_caches(monkeypatch):
@@ -133,12 +137,14 @@ def test_finished_rows_stop_reading_their_caches(monkeypatch):
     assert (got[True][:, 1] <= T).all() and (got[False][:, 1] > T).all(), got
 
 
-def test_compaction_leaves_plain_decodings_cache():
+@pytest.mark.parametrize("mode", ["tree", "lookup"])
+def test_compaction_leaves_plain_decodings_cache(mode):
     """After decoding with deep tree acceptances, every cached target slot equals plain decoding's (same tokens,
     same positions; the last round may overshoot NEW by up to depth tokens, so plain decoding runs further)
-    and the drafter's ring equals a fresh fill from prompt + emitted tokens."""
+    and the drafter's ring equals a fresh fill from prompt + emitted tokens (with lookup: so does its record
+    of the tokens by slot)."""
     s = setup("local")
-    spec = SPECS["tree"]
+    spec = SPECS[mode]
     got, out, st, final = run_longspec(s, spec)
     assert got == s["free"].tolist()
     hist = np.asarray(st.accept_hist).sum(0)
@@ -169,6 +175,9 @@ def test_compaction_leaves_plain_decodings_cache():
         np.testing.assert_array_equal(np.asarray(fresh.pos[b])[fresh_order], np.asarray(ring.pos[b])[order])
         np.testing.assert_allclose(ring.k[b][order], fresh.k[b][fresh_order], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(ring.v[b][order], fresh.v[b][fresh_order], rtol=1e-5, atol=1e-6)
+    if mode == "lookup":
+        for b in range(3):
+            np.testing.assert_array_equal(np.asarray(final.method.tokens[b, :lens[b]]), seqs[b])
 
 
 @pytest.mark.parametrize("V,k,chunk", [(49152, 16, 1024), (49152, 16, 0), (5000, 4, 256), (3001, 16, 128),
@@ -233,6 +242,67 @@ def test_tree_layout_and_greedy_growth():
     best, n, nxt = tree_lib.accept_greedy(widths, tree, jnp.asarray(tl))
     assert (int(best[0]), int(n[0]), int(nxt[0])) == (5, 2, 5)
     assert np.asarray(tree_lib.path(widths, tree, best))[0].tolist() == [2, 5]
+
+
+def _lookup_reference(seq, n, count, max_n=lookup_lib.MAX_NGRAM):
+    """jspec.speculative.lookup's rule, written out: latest earlier occurrence of the longest suffix."""
+    s, start = list(seq[:n]), None
+    for m in range(max_n, 0, -1):
+        for t in range(n - m - 1, -1, -1):
+            if s[t:t + m] == s[n - m:]:
+                start = t + m
+                break
+        if start is not None:
+            break
+    start = n - 1 if start is None else start
+    out = []
+    for k in range(count):
+        i = start + k
+        out.append(s[i] if i < n else out[i - n])
+    return out
+
+
+def test_lookup_proposals_follow_the_rule():
+    """Random rows over small vocabularies (many repeats, some none), ragged lengths, junk past each length."""
+    rng = np.random.default_rng(0)
+    C, count = 40, 6
+    for vocab in (2, 3, 5, 50):
+        seq = rng.integers(0, vocab, (16, C)).astype(np.int32)
+        n = rng.integers(1, C + 1, 16).astype(np.int32)
+        got = np.asarray(jax.jit(lookup_lib.propose, static_argnums=2)(jnp.asarray(seq), jnp.asarray(n), count))
+        for b in range(16):
+            assert got[b].tolist() == _lookup_reference(seq[b], int(n[b]), count), (vocab, b, seq[b, :n[b]])
+    # Hand-checked: "5 6 7 8 5 6 7" -> after the earlier "5 6 7" came 8, then 5 6 7 continues the proposal.
+    row = jnp.array([[5, 6, 7, 8, 5, 6, 7, 0, 0]], jnp.int32)
+    assert np.asarray(lookup_lib.propose(row, jnp.array([7]), 5)).tolist() == [[8, 5, 6, 7, 8]]
+    # No earlier occurrence of the newest token: it is repeated.
+    assert np.asarray(lookup_lib.propose(row, jnp.array([4]), 3)).tolist() == [[8, 8, 8]]
+
+
+def test_root_chain_is_accepted_past_the_tree():
+    """A tree of widths (2,) plus a root chain of 3 (`add_chain`): masks, depths, and greedy acceptance of the
+    chain's whole depth when the target agrees with it, or of the tree's node when it agrees with that."""
+    widths = (2,)
+    base = tree_lib.DraftTree(tokens=jnp.array([[7, 1, 3]]), parent=jnp.array([[-1, 0, 0]]),
+                              mask=jnp.asarray(np.array([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], bool)))
+    tree = tree_lib.add_chain(base, jnp.array([[3, 4, 5]]))
+    assert np.asarray(tree.tokens[0]).tolist() == [7, 1, 3, 3, 4, 5]
+    assert np.asarray(tree.parent[0]).tolist() == [-1, 0, 0, 0, 3, 4]
+    assert tree_lib.node_depths(widths, 3).tolist() == [0, 1, 1, 1, 2, 3]
+    assert np.asarray(tree.mask[0]).astype(int).tolist() == [
+        [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 1]]
+    V = 8
+    tl = np.zeros((1, 6, V), np.float32)
+    tl[0, 0, 3] = tl[0, 3, 4] = tl[0, 4, 5] = tl[0, 5, 6] = 1.0   # the target continues 3 4 5, then 6
+    tl[0, 2, 0] = 1.0
+    best, n, nxt = tree_lib.accept_greedy(widths, tree, jnp.asarray(tl), chain=3)
+    assert (int(best[0]), int(n[0]), int(nxt[0])) == (5, 3, 6)
+    assert np.asarray(tree_lib.path(widths, tree, best, chain=3))[0].tolist() == [3, 4, 5]
+    tl[0, 3, 4], tl[0, 3, 2] = 0.0, 1.0                           # now the chain fails at depth 2: the tree's
+    tl[0, 2, 2] = 2.0                                             # node 2 (token 3) wins the depth-1 tie
+    best, n, nxt = tree_lib.accept_greedy(widths, tree, jnp.asarray(tl), chain=3)
+    assert int(n[0]) == 1 and int(best[0]) in (2, 3)
 
 
 # --- sampling: chi-square ---------------------------------------------------------------------------------
@@ -384,29 +454,40 @@ def test_config_and_missing_drafter():
         SpecConfig("longspec", mode="forest")
     with pytest.raises(ValueError, match="window"):
         SpecConfig("longspec", tree_widths=(1,) * 8, window=8)
+    look = SpecConfig("longspec", tree_widths=(2, 4), lookup=5)
+    assert look.depth == 5 and look.capacity_margin() == 1 + 6 + 5 and look.widths == (2, 4)
+    with pytest.raises(ValueError, match="lookup=-1"):
+        SpecConfig("longspec", lookup=-1)
+    with pytest.raises(ValueError, match="longspec"):
+        SpecConfig("vegas", lookup=4)
     s = setup("plain")
     with pytest.raises(ValueError, match="drafter"):
         speculative.init(s["params"], s["cfg"], SPECS["chain"], s["tokens"], s["lengths"], CAPACITY)
+    state = speculative.init(s["params"], s["cfg"], SPECS["lookup"], s["tokens"], s["lengths"], CAPACITY,
+                             drafter=s["drafter"])
+    with pytest.raises(ValueError, match="greedy"):
+        speculative.run_donating(s["params"], s["cfg"], SPECS["lookup"], SamplingConfig(temperature=1.0), state,
+                                 jax.random.key(0), NEW, drafter=s["drafter"])
 
 
 # --- the real model (slow) --------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["random", "trained"])
+@pytest.mark.parametrize("which", ["random", "trained", "trained-lookup"])
 def test_real_model_f32_greedy_identical(smollm2_ckpt, which):
     """SmolLM2-135M in float32, a ragged batch of ~300 / ~500-token stdlib prompts, 32 new tokens, the default
-    tree (4, 16, 16, 16, 16): token-identical to plain greedy decoding."""
+    tree (4, 16, 16, 16, 16) (and with a lookup chain of 6): token-identical to plain greedy decoding."""
     import checkpoints
     from transformers import AutoTokenizer
 
     from jspec import data
 
-    if which == "trained" and not os.path.isfile(os.path.join(DRAFTER_DIR, "config.json")):
+    if which != "random" and not os.path.isfile(os.path.join(DRAFTER_DIR, "config.json")):
         pytest.skip(f"no trained drafter at {DRAFTER_DIR}")
     params, cfg = checkpoints.load(smollm2_ckpt)
     cfg = dataclasses.replace(cfg, dtype="float32")
     params = model.fuse_projections(jax.tree.map(lambda x: x.astype(jnp.float32), params), cfg)   # as jspec.load
-    if which == "trained":
+    if which != "random":
         d = load_drafter(DRAFTER_DIR, dtype="float32")
         drafter, window = d.params, d.window
     else:
@@ -420,13 +501,13 @@ def test_real_model_f32_greedy_identical(smollm2_ckpt, which):
     cache = kv_cache.init(cfg, batch=2, capacity=capacity)
     logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
     ref = np.asarray(gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=new)[0])
-    spec = SpecConfig("longspec", window=window)
+    spec = SpecConfig("longspec", window=window, lookup=6 if which == "trained-lookup" else 0)
     state = speculative.init(params, cfg, spec, tokens, lengths, capacity, drafter=drafter)
     out, n_out, st, _ = speculative.run_donating(params, cfg, spec, GREEDY, state, jax.random.key(0), new,
                                                  drafter=drafter)
     np.testing.assert_array_equal(np.asarray(out), ref)
     print(f"{which} drafter: tau {st.tau():.2f}, accepted-length histogram {np.asarray(st.accept_hist).sum(0)}")
-    if which == "trained":
+    if which != "random":
         assert st.tau() > 1.5          # a trained drafter on real text: catches a broken inference path
 
 

@@ -54,6 +54,9 @@ class SpecConfig:
                 to the selection point are attended whole (up to select_page - 1 more). The budget (static
                 width) must be a multiple of it. On the H200 at L=8000, B=64 (SmolLM2-135M) pages of 8-32
                 ran 1.60-1.66x ar against 1.44-1.47x for single slots, same or higher tau (README).
+    lookup:     longspec: also verify, in the same target forward, a chain of this many tokens proposed by
+                n-gram lookup over the row's own text (prompt + output; jspec/speculative/lookup.py), hung off
+                the tree's root. 0 (default): off. Greedy decoding only.
     """
 
     method: str = "vegas"
@@ -71,6 +74,7 @@ class SpecConfig:
     window: int = 512
     topk: str = "select"
     select_page: int = 1
+    lookup: int = 0
 
     def __post_init__(self):
         # A list would make the config unhashable (it is a static jit argument): store a tuple of ints.
@@ -116,6 +120,10 @@ class SpecConfig:
             raise InputError(f"mode={self.mode!r} must be one of {MODES}")
         if not self.tree_widths or min(self.tree_widths) < 1:
             raise InputError(f"tree_widths={self.tree_widths} must be a non-empty tuple of widths >= 1")
+        if self.lookup < 0:
+            raise InputError(f"lookup={self.lookup} must be >= 0 (prompt-lookup draft tokens per round)")
+        if self.lookup and self.method != "longspec":
+            raise InputError(f"lookup={self.lookup} applies to method 'longspec' only, not {self.method!r}")
         if self.method == "longspec" and self.depth >= self.window:
             raise InputError(f"the draft depth {self.depth} must be < window={self.window} (the drafter's ring "
                              f"must hold a whole root-to-leaf path)")
@@ -144,13 +152,13 @@ class SpecConfig:
 
     @property
     def depth(self) -> int:
-        """Most drafts one round can accept (gamma; longspec: the tree depth)."""
-        return len(self.widths)
+        """Most drafts one round can accept (gamma; longspec: the tree depth, or the lookup chain's if longer)."""
+        return max(len(self.widths), self.lookup)
 
     def capacity_margin(self) -> int:
         """Cache slots needed beyond prompt + max_new_tokens: a round writes up to gamma + 1 slots ahead
-        (longspec: the root and every tree node)."""
-        return sum(self.widths) + 1
+        (longspec: the root, every tree node and the lookup chain)."""
+        return sum(self.widths) + self.lookup + 1
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)

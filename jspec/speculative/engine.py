@@ -137,7 +137,7 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
     if spec.method == "longspec":
         if prompt_tokens is None:
             raise ValueError("method 'longspec' needs prompt_tokens to fill the drafter's ring")
-        mstate = longspec.init(drafter, params, cfg, spec, prompt_tokens, cache.lengths)
+        mstate = longspec.init(drafter, params, cfg, spec, prompt_tokens, cache.lengths, cache.capacity)
         return State(cache=cache, logits=logits, method=mstate)
     m = _method(spec)
     lengths = cache.lengths

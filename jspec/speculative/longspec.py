@@ -28,7 +28,9 @@ from flax import struct
 from jspec import attention, kv_cache, model
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
+from jspec.decoding import InputError
 from jspec.drafter.model import DrafterCache, drafter_commit, drafter_fill, drafter_node_kv, drafter_tree_step
+from jspec.speculative import lookup as lookup_lib
 from jspec.speculative import tree as tree_lib
 from jspec.speculative.config import SpecConfig
 
@@ -38,6 +40,7 @@ class State:
     """LongSpec's per-run state (in the engine's State.method): the drafter's ring of accepted tokens."""
 
     dcache: DrafterCache
+    tokens: object = None   # int32[B, C] with lookup: the token at each cache slot (prompt, then accepted text)
 
 
 @struct.dataclass
@@ -57,10 +60,18 @@ def _need(drafter):
     return drafter
 
 
-def init(drafter, params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengths) -> State:
-    """The ring after a prefill: the last W prompt tokens' drafter K/V (lengths = prompt_lengths)."""
-    return State(dcache=drafter_fill(_need(drafter), params, cfg, prompt_tokens, prompt_lengths,
-                                     window=spec.window, dtype=cfg.dtype))
+def init(drafter, params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengths,
+         capacity: int | None = None) -> State:
+    """The ring after a prefill: the last W prompt tokens' drafter K/V (lengths = prompt_lengths); with
+    spec.lookup also the prompt tokens by cache slot (`capacity` slots, default the prompt's width)."""
+    dcache = drafter_fill(_need(drafter), params, cfg, prompt_tokens, prompt_lengths, window=spec.window,
+                          dtype=cfg.dtype)
+    tokens = None
+    if spec.lookup:
+        B, P = prompt_tokens.shape
+        C = capacity or P
+        tokens = jnp.zeros((B, C), jnp.int32).at[:, :min(P, C)].set(prompt_tokens[:, :C].astype(jnp.int32))
+    return State(dcache=dcache, tokens=tokens)
 
 
 def cross_attention(cfg: ModelConfig, cache: kv_cache.KVCache, impl: AttnImpl = AttnImpl(), live=None):
@@ -107,11 +118,21 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
 
     tree, q, (nk, nv) = tree_lib.grow(widths, samp, key, last, run_level, buf)
     # The last level's nodes grow nothing, so no drafter step ran them; their K/V (token and position only)
-    # are still needed when a round accepts the whole depth and commits the leaf to the ring.
+    # are still needed when a round accepts the whole depth and commits the leaf to the ring. The lookup
+    # chain's nodes are never run by the drafter either: theirs come from the same projection.
     leaf = np.arange(tree_lib.level_offsets(widths)[-2], T)
-    k, v = drafter_node_kv(dparams, params, cfg, tree.tokens[:, leaf],
-                           jnp.broadcast_to(dcache.lengths[:, None] + len(widths), (B, len(leaf))))
-    nk, nv = nk.at[:, leaf].set(k.astype(nk.dtype)), nv.at[:, leaf].set(v.astype(nv.dtype))
+    tokens, positions = tree.tokens[:, leaf], jnp.broadcast_to(len(widths), (B, len(leaf)))
+    if spec.lookup:
+        if not samp.greedy:
+            raise InputError("lookup drafts are for greedy decoding (temperature 0) only; use lookup=0 to sample")
+        base = cache.lengths
+        seq = mstate.tokens.at[jnp.arange(B), base].set(last.astype(jnp.int32), mode="drop")
+        tree = tree_lib.add_chain(tree, lookup_lib.propose(seq, base + 1, spec.lookup))
+        tokens = jnp.concatenate([tokens, tree.tokens[:, T:]], axis=1)
+        positions = jnp.concatenate([positions, jnp.broadcast_to(1 + jnp.arange(spec.lookup), (B, spec.lookup))], 1)
+    k, v = drafter_node_kv(dparams, params, cfg, tokens, dcache.lengths[:, None] + positions)
+    nk = jnp.concatenate([nk[:, :leaf[0]], k.astype(nk.dtype)], axis=1)
+    nv = jnp.concatenate([nv[:, :leaf[0]], v.astype(nv.dtype)], axis=1)
     return Draft(tree=tree, q=q, node_k=nk, node_v=nv)
 
 
@@ -120,7 +141,7 @@ def verify(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, 
     """One target forward over the whole tree (step 2). Returns logits f32[B, T, V] and the cache (lengths
     + T; node t's K/V at slot base + t). `live` as in `draft` (model.forward's)."""
     B, T = tree.tokens.shape
-    depth = jnp.broadcast_to(jnp.asarray(tree_lib.depths(spec.widths)), (B, T))
+    depth = jnp.broadcast_to(jnp.asarray(tree_lib.node_depths(spec.widths, spec.lookup)), (B, T))
     logits, cache, _ = model.forward(params, cfg, tree.tokens, cache, tree=model.Tree(depth=depth, mask=tree.mask),
                                      impl=impl, live=live)
     return logits, cache
@@ -129,21 +150,28 @@ def verify(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, 
 def accept(spec: SpecConfig, samp: SamplingConfig, d: Draft, target_logits, key):
     """Lossless acceptance (step 3): best node int32[B], n_accepted int32[B] in [0, depth], next int32[B]."""
     if samp.greedy:
-        return tree_lib.accept_greedy(spec.widths, d.tree, target_logits)
+        return tree_lib.accept_greedy(spec.widths, d.tree, target_logits, chain=spec.lookup)
     return tree_lib.accept_sampled(spec.widths, d.tree, d.q, target_logits, samp, key)
 
 
 def commit(spec: SpecConfig, d: Draft, cache: kv_cache.KVCache, base, best, n_accepted, active, mstate: State):
     """Step 4: the accepted path (drafts int32[B, depth], for the engine's `emitted`), the compacted target
     cache (lengths left to the caller) and the ring with root + path appended for the `active` rows."""
-    path = tree_lib.path(spec.widths, d.tree, best)                                     # [B, D]
+    path = tree_lib.path(spec.widths, d.tree, best, chain=spec.lookup)                  # [B, D]
     cache = tree_lib.compact(cache, base, path, n_accepted)
     drafts = jnp.take_along_axis(d.tree.tokens, path, axis=1)
-    ring_idx = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)[:, :, None, None]
-    k = jnp.take_along_axis(d.node_k, ring_idx, axis=1)
-    v = jnp.take_along_axis(d.node_v, ring_idx, axis=1)
-    dcache = drafter_commit(mstate.dcache, k, v, jnp.where(active, n_accepted + 1, 0))
-    return drafts, cache, State(dcache=dcache)
+    ring_idx = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)
+    k = jnp.take_along_axis(d.node_k, ring_idx[:, :, None, None], axis=1)
+    v = jnp.take_along_axis(d.node_v, ring_idx[:, :, None, None], axis=1)
+    n_new = jnp.where(active, n_accepted + 1, 0)
+    dcache = drafter_commit(mstate.dcache, k, v, n_new)
+    tokens = mstate.tokens
+    if tokens is not None:   # root + accepted path at slots base .. base + n_accepted
+        j = jnp.arange(ring_idx.shape[1], dtype=jnp.int32)[None]
+        slot = jnp.where(j < n_new[:, None], base[:, None] + j, tokens.shape[1])
+        tokens = tokens.at[jnp.arange(tokens.shape[0])[:, None], slot].set(
+            jnp.take_along_axis(d.tree.tokens, ring_idx, axis=1), mode="drop")
+    return drafts, cache, State(dcache=dcache, tokens=tokens)
 
 
 def step(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, drafter, mstate: State,

@@ -62,6 +62,29 @@ class DraftTree(NamedTuple):
     mask: jax.Array     # bool[B, T, T] mask[b, t, a]: a is t or an ancestor of t
 
 
+def node_depths(widths, chain: int = 0) -> np.ndarray:
+    """int32[T]: each node's depth: the level-order tree of `widths`, then (`add_chain`) `chain` nodes of a chain
+    from the root (depths 1 .. chain)."""
+    return np.concatenate([depths(widths), np.arange(1, chain + 1)]).astype(np.int32)
+
+
+def add_chain(tree: DraftTree, tokens) -> DraftTree:
+    """The tree with a chain of G = tokens.shape[1] nodes appended (indices T .. T+G-1): node T hangs off the
+    root, node T+i off node T+i-1. Acceptance and compaction take it through their `chain=G` argument."""
+    B, T = tree.tokens.shape
+    G = tokens.shape[1]
+    parent = np.concatenate([[0], T + np.arange(G - 1)]).astype(np.int32)
+    rows = np.zeros((G, T + G), bool)
+    rows[:, 0] = True
+    for i in range(G):
+        rows[i, T:T + i + 1] = True
+    mask = jnp.concatenate([jnp.pad(tree.mask, ((0, 0), (0, 0), (0, G))),
+                            jnp.broadcast_to(jnp.asarray(rows), (B, G, T + G))], axis=1)
+    return DraftTree(tokens=jnp.concatenate([tree.tokens, tokens.astype(jnp.int32)], axis=1),
+                     parent=jnp.concatenate([tree.parent, jnp.broadcast_to(jnp.asarray(parent), (B, G))], axis=1),
+                     mask=mask)
+
+
 def level_sizes(widths) -> tuple:
     """Nodes per level, the root's level included: (1, w_1, .., w_D)."""
     return (1,) + tuple(widths)
@@ -209,13 +232,14 @@ def grow(widths, samp: SamplingConfig, key, root, run_level: Callable, state):
 
 # ------------------------------------------------------------------------------------------- acceptance
 
-def accept_greedy(widths, tree: DraftTree, target_logits):
+def accept_greedy(widths, tree: DraftTree, target_logits, chain: int = 0):
     """Deepest path of target argmaxes.
 
     target_logits: [B, T, V] the target's logits at every node (or anything with the same argmax).
+    chain: nodes of a root chain appended to the tree (`add_chain`).
     Returns best int32[B] (the deepest accepted node, 0 = root), n_accepted int32[B], next_token int32[B].
     """
-    dep = jnp.asarray(depths(widths))
+    dep = jnp.asarray(node_depths(widths, chain))
     tgt = sampling.greedy(target_logits)                                     # [B, T]
     want = jnp.take_along_axis(tgt, jnp.maximum(tree.parent, 0), axis=1)     # argmax at each node's parent
     match = (tree.tokens == want).at[:, 0].set(True)
@@ -274,11 +298,13 @@ def accept_sampled(widths, tree: DraftTree, q, target_logits, samp: SamplingConf
     return cur, jnp.asarray(depths(widths))[cur], nxt
 
 
-def path(widths, tree: DraftTree, best):
-    """int32[B, D]: the node at depth 1..D on the root-to-`best` path (entries past best's depth: 0)."""
-    dep = jnp.asarray(depths(widths))
+def path(widths, tree: DraftTree, best, chain: int = 0):
+    """int32[B, D]: the node at depth 1..D on the root-to-`best` path (entries past best's depth: 0);
+    D = max(len(widths), chain) with a root chain of `chain` nodes (`add_chain`)."""
+    dep = jnp.asarray(node_depths(widths, chain))
+    D = max(len(widths), chain)
     on_path = jnp.take_along_axis(tree.mask, best[:, None, None], axis=1)[:, 0]          # [B, T]
-    at = on_path[:, None, :] & (dep[None, None, :] == jnp.arange(1, len(widths) + 1)[None, :, None])
+    at = on_path[:, None, :] & (dep[None, None, :] == jnp.arange(1, D + 1)[None, :, None])
     return jnp.argmax(at, axis=-1).astype(jnp.int32)
 
 
