@@ -7,6 +7,7 @@
 #                                     # (bench/tune_longspec_h200.sh; the drafter's tuned.json had no B=64 entry)
 #   bash bench/probe_h200.sh vbudget  # vegas in pages of 8 at L=8000, B=64: draft budget 256 / 384 / 512
 #   bash bench/probe_h200.sh leafab lookup8000 lserve   # (carry .carry/old for leafab; see each mode below)
+#   bash bench/probe_h200.sh lgrid8; bash bench/probe_h200.sh lgrid42   # the issue-6 grid with lookup chains
 set -uo pipefail
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
 for mode in "$@"; do
@@ -33,6 +34,11 @@ for mode in "$@"; do
     lserve)   # LongSpec (2,4,4,4) + a lookup chain of ${LOOKUP:-8} served (refills of 4, staged and not), 128 prompts
       SHAPES=8000x16 METHODS=ar,longspec WIDTHS=2,4,4,4 LOOKUP="${LOOKUP:-8}" STAGED=1,0 REFILL=4 QUEUE=8 \
         TAG=_lookup T_SERVE=280 bash bench/serve_h200.sh ;;
+    lgrid8|lgrid42)   # the issue-6 grid (bench/longspec.py, tuned trees, T 0/1, B 16/1/64) with a lookup chain of 8
+      [ "$mode" = lgrid8 ] && lens=8000 || lens=4096,2048
+      timeout "${T_GRID:-290}" python3 bench/longspec.py --lengths $lens --batches 16,1,64 --temps 0,1 --widths tuned \
+        --lookups 8 --sweep-widths "" --budget-s 280 --out "$OUT/longspec_${mode}_h200.json" 2>&1 | grep -v Warning \
+        | tee "$OUT/longspec_${mode}_h200_log.txt" | grep -A40 "label             L" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done
