@@ -26,7 +26,7 @@ def main(path, out=None):
         ax.axis("off")
     for ax, (L, B, T) in zip(flat, shapes):
         rows = [r for r in recs if (r["L"], r["B"], r.get("T", 0.0)) == (L, B, T)]
-        labels = [r["label"] + (f"\n{','.join(map(str, r['widths']))}" if r.get("widths") and
+        labels = [r["label"].replace("+", "\n+") + (f"\n{','.join(map(str, r['widths']))}" if r.get("widths") and
                                 r["label"].startswith("longspec") else "") for r in rows]
         bars = ax.bar(range(len(rows)), [r["tokens_per_s"] for r in rows], color="C0")
         for b, r in zip(bars, rows):

@@ -86,8 +86,9 @@ def merge(doc, hf_rows, new, source):
             continue
         if r.get("method") in ("vegas", "ar", "streaming", "quest") and (r["L"], r["B"]) == (8000, 64):
             s[f"{r['method']}_speedup_vs_hf_L8000_B64"] = r["speedup_vs_hf"]
-        if r.get("method") == "longspec" and (r["L"], r["B"]) == (8000, 16):
-            s[f"longspec_{r.get('mode')}_speedup_vs_hf_L8000_B16"] = r["speedup_vs_hf"]
+        if r.get("method") == "longspec" and (r["L"], r["B"]) == (8000, 16):   # (+lookup chains under their label)
+            name = r["label"].replace("-", "_") if (r.get("knobs") or {}).get("lookup") else f"longspec_{r.get('mode')}"
+            s[f"{name}_speedup_vs_hf_L8000_B16"] = r["speedup_vs_hf"]
 
 
 if __name__ == "__main__":
