@@ -85,6 +85,27 @@ def test_generate_longspec_with_the_bundled_drafter(smollm2_ckpt):
     assert ls.tokens == ar.tokens
     assert ls.stats.method == "longspec" and 1.0 <= ls.stats.tau <= 4.0
     assert ls.stats.knobs["tree_widths"] == (2, 4, 4) or list(ls.stats.knobs["tree_widths"]) == [2, 4, 4]
+    # With a prompt-lookup chain, on a prompt that repeats itself: the same tokens, the chain in the knobs.
+    rep = prompt * 6
+    ar = jspec.generate(m, rep, max_new_tokens=24, ignore_eos=True)
+    lk = jspec.generate(m, rep, method="longspec", max_new_tokens=24, ignore_eos=True, tree_widths=(2, 4, 4),
+                        lookup=6)
+    assert lk.tokens == ar.tokens and lk.stats.knobs["lookup"] == 6
+    assert lk.stats.accept_hist[4:] and sum(lk.stats.accept_hist[4:]) >= 1, lk.stats.accept_hist  # past depth 3
+
+
+def test_cli_lookup_flag(smollm2_ckpt, capsys):
+    """--lookup N reaches LongSpec's config; with another method or with sampling it is a clear error."""
+    rc = cli.main(["generate", "--model", smollm2_ckpt, "--method", "longspec", "--lookup", "4", "--prompt",
+                   "one two three one two three one two", "--max-new-tokens", "6", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["stats"]["knobs"]["lookup"] == 4 and out["stats"]["method"] == "longspec"
+    for extra, msg in ((["--method", "vegas"], "'longspec' only"), (["--method", "longspec", "--temperature", "1"],
+                                                                   "greedy")):
+        rc = cli.main(["generate", "--model", smollm2_ckpt, "--prompt", "hi", "--lookup", "4"] + extra)
+        err = capsys.readouterr().err
+        assert rc == 2 and msg in err and "Traceback" not in err, err
 
 
 def test_longspec_drafter_errors(smol, tmp_path, capsys):
