@@ -45,8 +45,11 @@ def _alone(cfg, params, prompt, stops):
 
 
 @pytest.mark.parametrize("method,staged", [("vegas", True), ("streaming", False), ("longspec", True),
-                                           ("longspec", False), ("ar", True)])
+                                           ("longspec", False), ("ar", True), ("longspec-lookup", True),
+                                           ("longspec-lookup", False)])
 def test_each_request_equals_plain_decoding_alone(method, staged):
+    lookup = 4 if method == "longspec-lookup" else 0   # LongSpec + a prompt-lookup chain (its token record refilled)
+    method = method.split("-")[0]
     cfg, params, prompts = _setup(local=method == "longspec")
     free = [_alone(cfg, params, p, ()) for p in prompts]
     stop = next(int(t) for t in free[0][1:8] if any(t not in row for row in free[1:]))   # stops some rows early
@@ -54,7 +57,7 @@ def test_each_request_equals_plain_decoding_alone(method, staged):
     assert len({len(w) for w in want}) > 1
     drafter = None
     if method == "longspec":
-        spec = SpecConfig("longspec", tree_widths=(2, 3), window=8)
+        spec = SpecConfig("longspec", tree_widths=(2, 3), window=8, lookup=lookup)
         drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.0)
     else:
         spec = SpecConfig(method, gamma=3, budget=12, min_tokens=12)
