@@ -125,8 +125,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     SpecConfig -- whose method and knobs become the defaults; the keywords given here override them.
     "longspec" drafts with a trained drafter block: `drafter` is a `jspec.drafter.Drafter` or its directory,
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
-    tree_widths, gamma (chain length), lookup (greedy: a prompt-lookup chain of this many tokens verified beside
-    the tree, `SpecConfig.lookup`). With none of them (and no config) it drafts the tree the drafter was
+    tree_widths, gamma (chain length), lookup (a prompt-lookup chain of this many tokens verified beside the
+    tree, `SpecConfig.lookup`). With none of them (and no config) it drafts the tree the drafter was
     tuned with for this batch size (`Drafter.widths_for(slots or batch)`, its tuned.json; the bundled one's
     from H200 runs at L=8000), else SpecConfig's (4, 16, 16, 16, 16).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
@@ -153,9 +153,6 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
         if config is None and not named & {"tree_widths", "mode", "gamma"} and tuned is not None:
             spec = (dataclasses.replace(spec, mode="chain", gamma=len(tuned)) if max(tuned) == 1   # all ones: a chain
                     else dataclasses.replace(spec, mode="tree", tree_widths=tuned))
-    if spec is not None and spec.lookup and not samp.greedy:
-        raise _gen.InputError(f"lookup={spec.lookup}: prompt-lookup drafts are for greedy decoding (temperature 0) "
-                              f"only; drop lookup to sample")
     margin = spec.capacity_margin() if spec else 0   # a speculative round writes up to gamma + 1 slots ahead
     if capacity is None:
         capacity = int(-(-(max(lengths.max(initial=1), 1) + max_new_tokens + margin) // 128) * 128)

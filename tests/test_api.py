@@ -95,17 +95,15 @@ def test_generate_longspec_with_the_bundled_drafter(smollm2_ckpt):
 
 
 def test_cli_lookup_flag(smollm2_ckpt, capsys):
-    """--lookup N reaches LongSpec's config; with another method or with sampling it is a clear error."""
+    """--lookup N reaches LongSpec's config; with another method it is a clear error."""
     rc = cli.main(["generate", "--model", smollm2_ckpt, "--method", "longspec", "--lookup", "4", "--prompt",
                    "one two three one two three one two", "--max-new-tokens", "6", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["stats"]["knobs"]["lookup"] == 4 and out["stats"]["method"] == "longspec"
-    for extra, msg in ((["--method", "vegas"], "'longspec' only"), (["--method", "longspec", "--temperature", "1"],
-                                                                   "greedy")):
-        rc = cli.main(["generate", "--model", smollm2_ckpt, "--prompt", "hi", "--lookup", "4"] + extra)
-        err = capsys.readouterr().err
-        assert rc == 2 and msg in err and "Traceback" not in err, err
+    rc = cli.main(["generate", "--model", smollm2_ckpt, "--prompt", "hi", "--lookup", "4", "--method", "vegas"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'longspec' only" in err and "Traceback" not in err, err
 
 
 def test_longspec_drafter_errors(smol, tmp_path, capsys):

@@ -320,8 +320,9 @@ def _tables(V=5, seed=0):
     return dict(p0=dist(), q0=dist(), p1=dist(V), q1=dist(V), p2=dist(V, V))
 
 
-def _table_tree(t, widths, samp, key, N):
-    """Grow a tree whose draft logits are looked up by path, and the target logits at every node."""
+def _table_tree(t, widths, samp, key, N, chain=None):
+    """Grow a tree whose draft logits are looked up by path, and the target logits at every node; `chain`
+    int32[N, G]: a root chain appended (`add_chain`)."""
     lg = lambda x: jnp.log(jnp.asarray(x, jnp.float32))
 
     def run_level(state, lvl, idx, tree):
@@ -331,6 +332,9 @@ def _table_tree(t, widths, samp, key, N):
 
     tr, q, _ = tree_lib.grow(widths, samp, key, jnp.zeros((N,), jnp.int32), run_level, None)
     dep = tree_lib.depths(widths)
+    if chain is not None:
+        tr = tree_lib.add_chain(tr, chain)
+        dep = tree_lib.node_depths(widths, chain.shape[1])
     par_tok = jnp.take_along_axis(tr.tokens, jnp.maximum(tr.parent, 0), axis=1)
     tl = jnp.where((dep == 0)[None, :, None], lg(t["p0"])[None, None],
                    jnp.where((dep == 1)[None, :, None], lg(t["p1"])[tr.tokens], lg(t["p2"])[par_tok, tr.tokens]))
@@ -369,9 +373,15 @@ def _chisquare(t, seq):
 SAMP = SamplingConfig(temperature=1.0)
 
 
-@functools.partial(jax.jit, static_argnames=("widths", "negative", "N"))
-def _hand_built_round(t, key, widths, negative, N):
+@functools.partial(jax.jit, static_argnames=("widths", "negative", "N", "chain"))
+def _hand_built_round(t, key, widths, negative, N, chain=0):
     k_grow, k_acc = jax.random.split(key)
+    if chain:   # a root chain of fixed tokens per row (drawn apart from the round's randomness, as lookup's are)
+        toks = jax.random.randint(jax.random.key(99), (N, chain), 0, t["p0"].size)
+        tr, q, tl = _table_tree(t, widths, SAMP, k_grow, N, chain=toks)
+        best, n_acc, nxt = tree_lib.accept_sampled(widths, tr, q, tl, SAMP, k_acc, chain=chain)
+        path = tree_lib.path(widths, tr, best, chain=chain)
+        return jnp.take_along_axis(tr.tokens, path, axis=1), n_acc, nxt
     if negative:   # the public rule: top-k drafts by q (deterministic, distinct), then the same p/q tests
         tr, _, tl = _table_tree(t, widths, GREEDY, k_grow, N)
         dep = tree_lib.depths(widths)
@@ -385,15 +395,16 @@ def _hand_built_round(t, key, widths, negative, N):
     return jnp.take_along_axis(tr.tokens, path, axis=1), n_acc, nxt
 
 
-@pytest.mark.parametrize("negative", [False, True])
-def test_tree_rejection_sampling_emits_the_target_distribution(negative):
+@pytest.mark.parametrize("negative,chain", [(False, 0), (True, 0), (False, 2)])
+def test_tree_rejection_sampling_emits_the_target_distribution(negative, chain):
     """3-token sequences from one round (completed exactly) follow p0(a) p1(b|a) p2(c|a,b): chi-square over all
     V^3 cells. Widths (3, 4): 3 i.i.d. root children (duplicates included, V = 5), 4 grandchildren shared
-    unevenly (2, 1, 1) by score. The negative control (top-k drafts + p/q test) must fail."""
+    unevenly (2, 1, 1) by score. The negative control (top-k drafts + p/q test) must fail. chain=2: plus a root
+    chain of two fixed tokens per row (prompt lookup's drafts under sampling: point-mass proposals)."""
     t = _tables()
     N = 60_000
     path_tokens, n_acc, nxt = _hand_built_round({k: jnp.asarray(v, jnp.float32) for k, v in t.items()},
-                                                jax.random.key(3), (3, 4), negative, N)
+                                                jax.random.key(3), (3, 4), negative, N, chain)
     n_acc, nxt = np.asarray(n_acc), np.asarray(nxt)
     seq = _three_tokens(t, np.asarray(path_tokens), n_acc, nxt, seed=1)
     pvalue, forbidden = _chisquare(t, seq)
@@ -406,9 +417,37 @@ def test_tree_rejection_sampling_emits_the_target_distribution(negative):
         assert pvalue > 1e-3, pvalue
 
 
-def test_sampled_engine_rounds_follow_the_target_distribution():
+def test_chain_point_mass_draft_keeps_the_target_distribution():
+    """One root child sampled from a peaked q, then a chain child with a fixed token (a point-mass draft): the
+    first emitted token follows p. Here the residual left after the sampled child's rejection is spread, so
+    the chain's rule matters (a version that does not take the rejected token out of the residual emits token
+    1 with probability 0.39 instead of 0.25)."""
+    N, V = 200_000, 5
+    p0 = np.array([0.3, 0.25, 0.2, 0.15, 0.1])
+    q0 = np.array([0.9, 0.025, 0.025, 0.025, 0.025])
+
+    @jax.jit
+    def one_round(key):
+        k_grow, k_acc = jax.random.split(key)
+        run_level = lambda state, lvl, idx, tree: (jnp.broadcast_to(jnp.log(jnp.asarray(q0, jnp.float32)),
+                                                                    (N, 1, V)), state)
+        tr, q, _ = tree_lib.grow((1,), SAMP, k_grow, jnp.zeros((N,), jnp.int32), run_level, None)
+        tr = tree_lib.add_chain(tr, jnp.full((N, 1), 1, jnp.int32))
+        logits = jnp.broadcast_to(jnp.log(jnp.asarray(p0, jnp.float32)), (N, 3, V))
+        best, n, nxt = tree_lib.accept_sampled((1,), tr, q, logits, SAMP, k_acc, chain=1)
+        return jnp.where(n > 0, jnp.take_along_axis(tr.tokens, best[:, None], axis=1)[:, 0], nxt), best
+
+    first, best = map(np.asarray, one_round(jax.random.key(1)))
+    assert (best == 2).mean() > 0.1 and (best == 1).mean() > 0.1          # both drafts accepted at times
+    counts = np.bincount(first, minlength=V)
+    assert stats.chisquare(counts, p0 * N).pvalue > 1e-3, counts / N
+
+
+@pytest.mark.parametrize("lookup", [0, 3])
+def test_sampled_engine_rounds_follow_the_target_distribution(lookup):
     """Whole engine rounds, tree mode, a tiny model: the 2nd and 3rd emitted tokens (the first round's output
-    and what follows it) have the target's marginals, computed exactly by enumeration."""
+    and what follows it) have the target's marginals, computed exactly by enumeration; lookup=3: with a
+    prompt-lookup chain of 3 beside the tree (accepted past the tree's depth in some rounds)."""
     cfg = tiny(vocab_size=16, d_model=32, ffn_dim=48, rope_scaling=None)
     params = damped(model.init_params(cfg, jax.random.key(3), scale=0.6), 0.01)
     drafter = init_drafter_params(cfg, jax.random.key(4), target_params=params, scale=0.0)
@@ -418,12 +457,14 @@ def test_sampled_engine_rounds_follow_the_target_distribution():
     prompt = np.random.default_rng(7).integers(0, 16, P)
     tokens = jnp.asarray(np.tile(prompt, (N, 1)), jnp.int32)
     lengths = jnp.full((N,), P, jnp.int32)
-    spec = SpecConfig("longspec", tree_widths=(2, 3), window=WINDOW)
-    state = speculative.init(params, cfg, spec, tokens, lengths, 24, drafter=drafter)
+    spec = SpecConfig("longspec", tree_widths=(2, 3), window=WINDOW, lookup=lookup)
+    state = speculative.init(params, cfg, spec, tokens, lengths, 24 + lookup, drafter=drafter)
     out, _, st = speculative.run(params, cfg, spec, samp, state, jax.random.key(11), 3, drafter=drafter)
     out = np.asarray(out)
     hist = np.asarray(st.accept_hist).sum(0)
     assert hist[0] > 0.05 * hist.sum() and hist[1:].sum() > 0.2 * hist.sum(), hist
+    if lookup:
+        assert hist[3:].sum() > 0, hist   # only the chain reaches depth 3
 
     V = cfg.vocab_size
     seqs = np.concatenate([np.tile(prompt, (V * V, 1)), np.repeat(np.arange(V), V)[:, None],
@@ -463,11 +504,6 @@ def test_config_and_missing_drafter():
     s = setup("plain")
     with pytest.raises(ValueError, match="drafter"):
         speculative.init(s["params"], s["cfg"], SPECS["chain"], s["tokens"], s["lengths"], CAPACITY)
-    state = speculative.init(s["params"], s["cfg"], SPECS["lookup"], s["tokens"], s["lengths"], CAPACITY,
-                             drafter=s["drafter"])
-    with pytest.raises(ValueError, match="greedy"):
-        speculative.run_donating(s["params"], s["cfg"], SPECS["lookup"], SamplingConfig(temperature=1.0), state,
-                                 jax.random.key(0), NEW, drafter=s["drafter"])
 
 
 # --- the real model (slow) --------------------------------------------------------------------------------

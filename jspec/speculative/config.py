@@ -56,7 +56,8 @@ class SpecConfig:
                 ran 1.60-1.66x ar against 1.44-1.47x for single slots, same or higher tau (README).
     lookup:     longspec: also verify, in the same target forward, a chain of this many tokens proposed by
                 n-gram lookup over the row's own text (prompt + output; jspec/speculative/lookup.py), hung off
-                the tree's root. 0 (default): off. Greedy decoding only.
+                the tree's root. 0 (default): off. Sampling treats its tokens as point-mass drafts in the
+                multi-draft rejection rule (jspec/speculative/tree.py `accept_sampled`), so it stays lossless.
     """
 
     method: str = "vegas"

@@ -28,7 +28,6 @@ from flax import struct
 from jspec import attention, kv_cache, model
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-from jspec.decoding import InputError
 from jspec.drafter.model import DrafterCache, drafter_commit, drafter_fill, drafter_node_kv, drafter_tree_step
 from jspec.speculative import lookup as lookup_lib
 from jspec.speculative import tree as tree_lib
@@ -123,8 +122,6 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
     leaf = np.arange(tree_lib.level_offsets(widths)[-2], T)
     tokens, positions = tree.tokens[:, leaf], jnp.broadcast_to(len(widths), (B, len(leaf)))
     if spec.lookup:
-        if not samp.greedy:
-            raise InputError("lookup drafts are for greedy decoding (temperature 0) only; use lookup=0 to sample")
         base = cache.lengths
         seq = mstate.tokens.at[jnp.arange(B), base].set(last.astype(jnp.int32), mode="drop")
         tree = tree_lib.add_chain(tree, lookup_lib.propose(seq, base + 1, spec.lookup))
@@ -151,7 +148,7 @@ def accept(spec: SpecConfig, samp: SamplingConfig, d: Draft, target_logits, key)
     """Lossless acceptance (step 3): best node int32[B], n_accepted int32[B] in [0, depth], next int32[B]."""
     if samp.greedy:
         return tree_lib.accept_greedy(spec.widths, d.tree, target_logits, chain=spec.lookup)
-    return tree_lib.accept_sampled(spec.widths, d.tree, d.q, target_logits, samp, key)
+    return tree_lib.accept_sampled(spec.widths, d.tree, d.q, target_logits, samp, key, chain=spec.lookup)
 
 
 def commit(spec: SpecConfig, d: Draft, cache: kv_cache.KVCache, base, best, n_accepted, active, mstate: State):

@@ -249,19 +249,24 @@ def accept_greedy(widths, tree: DraftTree, target_logits, chain: int = 0):
     return best, dep[best], nxt
 
 
-def accept_sampled(widths, tree: DraftTree, q, target_logits, samp: SamplingConfig, key):
+def accept_sampled(widths, tree: DraftTree, q, target_logits, samp: SamplingConfig, key, chain: int = 0):
     """Multi-draft recursive rejection sampling down the tree (module docstring: rule and proof).
 
     Args:
       q: f32[B, >= T - w_D, V] processed draft distributions at the nodes with children (from `grow`).
       target_logits: [B, T, V] the target's logits at every node; processed here with `samp`.
+      chain: nodes of a root chain appended to the tree (`add_chain`), whose tokens are fixed by the prefix
+        (e.g. prompt lookup). At a node, the chain's child is tried after the sampled children, as a draft from
+        the point mass on its token x: accepted with probability r(x), else r <- norm(r with x removed), the
+        same rule with q = delta_x, so the induction in the module docstring covers it unchanged.
     Returns:
       best int32[B], n_accepted int32[B], next_token int32[B].
     """
     if samp.greedy:
-        return accept_greedy(widths, tree, target_logits)
+        return accept_greedy(widths, tree, target_logits, chain=chain)
     B, T = tree.tokens.shape
     offs = level_offsets(widths)
+    T0 = offs[-1]                                   # the chain's first node
     k_u, k_next = jax.random.split(key)
     u = jax.random.uniform(k_u, (B, T), jnp.float32)
     rows = jnp.arange(B)
@@ -269,25 +274,34 @@ def accept_sampled(widths, tree: DraftTree, q, target_logits, samp: SamplingConf
     def target_at(node):
         return sampling.process_logits(jnp.take_along_axis(target_logits, node[:, None, None], axis=1)[:, 0], samp)
 
+    def renorm(res, r):
+        mass = jnp.sum(res, axis=-1, keepdims=True)
+        # r == q up to rounding leaves no residual mass (and made rejection a rounding event): keep r.
+        return jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
+
     cur = jnp.zeros((B,), jnp.int32)
     alive = jnp.ones((B,), bool)            # still walking down
     r = target_at(cur)                      # target (or residual) distribution at the current node
     final = r
-    for lvl, w in enumerate(widths):
-        qc = jnp.take_along_axis(q, cur[:, None, None], axis=1)[:, 0]        # [B, V]
+    for lvl in range(max(len(widths), chain)):
         hit = jnp.full((B,), -1, jnp.int32)
-        for j in range(w):                  # the level's slots, in order; only children of cur count
-            t = offs[lvl + 1] + j
+        if lvl < len(widths):
+            qc = jnp.take_along_axis(q, jnp.minimum(cur, q.shape[1] - 1)[:, None, None], axis=1)[:, 0]   # [B, V]
+            for j in range(widths[lvl]):    # the level's slots, in order; only children of cur count
+                t = offs[lvl + 1] + j
+                x = tree.tokens[:, t]
+                child = alive & (tree.parent[:, t] == cur) & (hit < 0)
+                # u < r(x)/q(x) without the division (q(x) > 0 for a sampled x; r(x) = 0 is never accepted).
+                ok = child & (u[:, t] * qc[rows, x] < r[rows, x])
+                hit = jnp.where(ok, t, hit)
+                r = jnp.where((child & ~ok)[:, None], renorm(jnp.maximum(r - qc, 0.0), r), r)
+        if lvl < chain:                     # the chain's node at this depth: a point-mass draft
+            t = T0 + lvl
             x = tree.tokens[:, t]
             child = alive & (tree.parent[:, t] == cur) & (hit < 0)
-            # u < r(x)/q(x) without the division (q(x) > 0 for a sampled x; r(x) = 0 is never accepted).
-            ok = child & (u[:, t] * qc[rows, x] < r[rows, x])
+            ok = child & (u[:, t] < r[rows, x])
             hit = jnp.where(ok, t, hit)
-            res = jnp.maximum(r - qc, 0.0)
-            mass = jnp.sum(res, axis=-1, keepdims=True)
-            # r == q up to rounding leaves no residual mass (and made rejection a rounding event): keep r.
-            res = jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
-            r = jnp.where((child & ~ok)[:, None], res, r)
+            r = jnp.where((child & ~ok)[:, None], renorm(r.at[rows, x].set(0.0), r), r)
         moved = hit >= 0
         final = jnp.where((alive & ~moved)[:, None], r, final)
         cur = jnp.where(moved, hit, cur)
@@ -295,7 +309,7 @@ def accept_sampled(widths, tree: DraftTree, q, target_logits, samp: SamplingConf
         r = jnp.where(moved[:, None], target_at(cur), r)
     final = jnp.where(alive[:, None], r, final)                               # reached a leaf: draw from p
     nxt = sampling.draw(final, k_next)
-    return cur, jnp.asarray(depths(widths))[cur], nxt
+    return cur, jnp.asarray(node_depths(widths, chain))[cur], nxt
 
 
 def path(widths, tree: DraftTree, best, chain: int = 0):
