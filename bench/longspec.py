@@ -184,7 +184,7 @@ def main():
         for t in temps:
             cfgs += [("grid", None, t), ("grid", vegas, t)] + [("grid", longspec(mo, widths_for(s[1])), t)
                                                                 for mo in modes]
-            if t == 0.0:   # prompt-lookup chains are greedy-only
+            if t == 0.0:   # prompt-lookup chains: greedy rows only (what the grid measures)
                 cfgs += [("grid", longspec(mo, widths_for(s[1]), g), t) for mo in modes for g in lookups]
         if s == sweep:
             for w in sweep_widths:
