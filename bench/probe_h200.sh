@@ -8,6 +8,7 @@
 #   bash bench/probe_h200.sh vbudget  # vegas in pages of 8 at L=8000, B=64: draft budget 256 / 384 / 512
 #   bash bench/probe_h200.sh leafab lookup8000 lserve   # (carry .carry/old for leafab; see each mode below)
 #   bash bench/probe_h200.sh lgrid8; bash bench/probe_h200.sh lgrid42   # the issue-6 grid with lookup chains
+#   bash bench/probe_h200.sh vlookup  # vegas / streaming + prompt-lookup tokens after the drafts, L=8000, B=64
 set -uo pipefail
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
 for mode in "$@"; do
@@ -39,6 +40,14 @@ for mode in "$@"; do
       timeout "${T_GRID:-290}" python3 bench/longspec.py --lengths $lens --batches 16,1,64 --temps 0,1 --widths tuned \
         --lookups 8 --sweep-widths "" --budget-s 280 --out "$OUT/longspec_${mode}_h200.json" 2>&1 | grep -v Warning \
         | tee "$OUT/longspec_${mode}_h200_log.txt" | grep -A40 "label             L" ;;
+    vlookup)   # the issue-4 shape with lookup chains of ${VLOOKUPS:-4 8 16} after vegas' / streaming's gamma=4 drafts
+      ms=vegas,vegas-page8,streaming
+      for n in ${VLOOKUPS:-4 8 16}; do ms="$ms,vegas-page8+lookup$n"; done
+      ms="$ms,vegas+lookup8,streaming+lookup8"
+      timeout "${T_SPEC:-300}" python3 bench/spec.py --out "$OUT/spec_lookup64_h200.json" --impl pallas \
+        --lengths 8000 --batches 64 --methods "$ms" --gammas 4 --gamma-methods "" --sweep-methods "" \
+        --sweep-shape 8000x64 --split-shape 8000x64 --no-ablation --budget-s 280 2>&1 \
+        | grep -v Warning | tee "$OUT/spec_lookup64_h200_log.txt" | tail -24 ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done

@@ -219,7 +219,7 @@ def main():
     gammas = sorted({int(x) for x in a.gammas.split(",")} | {a.gamma})
     budgets = sorted({int(x) for x in a.budgets.split(",")} | {a.budget})
     sweep, split = _shape(a.sweep_shape), _shape(a.split_shape)
-    g_max = max(gammas)
+    g_max = max(gammas) + max([method_spec(x).lookup for x in methods] + [0])   # the most slots a round writes ahead
 
     # Shared programs (see the module docstring): one capacity and prompt width per B, unless --impl xla.
     share = a.share_lengths or a.impl != "xla"
@@ -258,7 +258,7 @@ def main():
         out = [("prefill", k)]
         for group, spec in cfgs:
             out += [("ar", k)] if spec is None else [("prepare", k, spec), ("run", k, spec)]
-            if spec is not None and (L, B) == split and group == "grid" and m.mesh is None:
+            if spec is not None and _split_of(spec, group, (L, B) == split, m.mesh):
                 out += [(p, spec) for p in ("draft", "verify", "select")]
         return out
 
@@ -306,15 +306,16 @@ def main():
                 continue
             if ("run", k, spec) in cp and not ((L, B) == split and group == "grid"):
                 continue   # shared with an earlier L of this B (the sweep shape's grid configs, say)
-            state_sds = jax.eval_shape(lambda p, c, lg, t: engine._prepare(p, cfg, spec, c, lg, t, impl),
-                                       params, cache_sds, logit_sds, vec_sds)
+            text = {"prompt_tokens": tok_sds} if spec.lookup else {}   # the lookup reads the prompt
+            state_sds = jax.eval_shape(lambda p, c, lg, t, kw: engine._prepare(p, cfg, spec, c, lg, t, impl, **kw),
+                                       params, cache_sds, logit_sds, vec_sds, text)
             submit(("prepare", k, spec), lambda: engine.prepare.lower(params, cfg, spec, cache_sds, logit_sds,
-                                                                      vec_sds, impl=impl))
+                                                                      vec_sds, impl=impl, **text))
             if m.mesh is not None:
                 state_sds = _laid_out(cp.result(("prepare", k, spec)).out_info)
             submit(("run", k, spec), lambda: engine.run_donating.lower(params, cfg, spec, GREEDY, state_sds, key,
                                                                        a.new, stop_tokens=(), impl=impl))
-            if (L, B) == split and group == "grid" and m.mesh is None:
+            if _split_of(spec, group, (L, B) == split, m.mesh):
                 draft, verify, select = _pieces(cfg, spec, impl)
                 gam = jax.ShapeDtypeStruct((B, spec.gamma), jnp.int32)
                 _, _, sc_sds, _ = jax.eval_shape(verify, params, state_sds, vec_sds, gam, key)
@@ -354,7 +355,8 @@ def main():
                     out.block_until_ready()
                     dt = time.perf_counter() - t
                 else:
-                    state = compiled[("prepare", k, spec)](params, cache, logits, last)
+                    state = compiled[("prepare", k, spec)](params, cache, logits, last,
+                                                           **({"prompt_tokens": tokens} if spec.lookup else {}))
                     jax.block_until_ready(state)
                     t = time.perf_counter()
                     out, _, st, final = compiled[("run", k, spec)](params, state, key)
@@ -394,7 +396,7 @@ def main():
 
         if (L, B) == split and m.mesh is None:
             for group, spec in cfgs:
-                if spec is None or group != "grid":
+                if spec is None or not _split_of(spec, group, True, None):
                     continue
                 state = compiled[("prepare", k, spec)](params, cache, logits, last)
                 c_draft, c_verify, c_select = (compiled[(p, spec)] for p in ("draft", "verify", "select"))
@@ -441,6 +443,12 @@ def main():
     _table(records, splits, summary)
 
 
+def _split_of(spec, group, at_split_shape, mesh):
+    """Whether a config gets the offline draft / verify / select time split (grid configs at the split shape,
+    one device; not with a lookup chain, whose pieces are not split out)."""
+    return at_split_shape and group == "grid" and mesh is None and not spec.lookup
+
+
 def _laid_out(avals, shardings=None):
     """ShapeDtypeStructs carrying `shardings` (a matching pytree or one sharding), or their own (a compiled
     program's out_info) without the memory layout."""
@@ -453,7 +461,11 @@ def _laid_out(avals, shardings=None):
 
 def method_spec(name: str, **kw) -> SpecConfig:
     """SpecConfig for a benchmark method name: a speculative method, or "vegas-sort" (Vegas with XLA's sort
-    for its top-k, SpecConfig.topk="sort"; plain "vegas" uses the default threshold-search kernel)."""
+    for its top-k, SpecConfig.topk="sort"; plain "vegas" uses the default threshold-search kernel); a suffix
+    "+lookupN" adds N prompt-lookup tokens after the drafts (SpecConfig.lookup), e.g. vegas-page8+lookup8."""
+    name, plus, look = name.partition("+lookup")
+    if plus:
+        kw["lookup"] = int(look)
     if name == "vegas-sort":
         return SpecConfig("vegas", topk="sort", **kw)
     if name == "vegas-select":   # the default since commit 8c98d46's measurement; kept for old commands
@@ -473,7 +485,7 @@ def _method(spec):
 def _label(spec):
     """method plus the non-default vegas knobs: vegas+all (all gamma+1 rows), vegas+logits."""
     extra = ("+all" if spec.collect == "all" else "") + ("+logits" if spec.score_mode == "logits" else "")
-    return _method(spec) + extra
+    return _method(spec) + extra + (f"+lookup{spec.lookup}" if spec.lookup else "")
 
 
 def _find(records, method, L, B, group="grid", **kw):

@@ -191,9 +191,10 @@ def main(argv=None):
                         "must be a multiple of N)")
     g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
     g.add_argument("--lookup", type=int, default=None, metavar="N",
-                   help="longspec: also verify a chain of N tokens proposed by n-gram lookup over each row's "
-                        "own text (prompt + output) in the same forward (default 0: off; 8 made LongSpec 2.2-2.5x ar "
-                        "at L=8000, B=16 on the H200 on text the model keeps repeating, README)")
+                   help="speculative methods: also verify N tokens proposed by n-gram lookup over each row's "
+                        "own text (prompt + output) in the same forward, after the drafts (longspec: beside its "
+                        "tree) (default 0: off; 8 made LongSpec 2.2-2.5x ar at L=8000, B=16 on the H200 on text "
+                        "the model keeps repeating, README)")
     g.add_argument("--widths", default=None,
                    help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape the drafter was "
                         "tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")

@@ -107,3 +107,10 @@ def spy_attention_reads(monkeypatch) -> list:
     monkeypatch.setattr(attention, "full", full_spy)
     monkeypatch.setattr(attention, "sparse", sparse_spy)
     return reads
+
+
+def damped(params, factor):
+    """The layers' output projections scaled by `factor`: the next token then depends mostly on the current
+    one, which a drafter with a zero block (logits = head(norm(embed(token)))) predicts."""
+    return dict(params, layers=dict(params["layers"], wo=factor * params["layers"]["wo"],
+                                    w_down=factor * params["layers"]["w_down"]))

@@ -95,15 +95,20 @@ def test_generate_longspec_with_the_bundled_drafter(smollm2_ckpt):
 
 
 def test_cli_lookup_flag(smollm2_ckpt, capsys):
-    """--lookup N reaches LongSpec's config; with another method it is a clear error."""
+    """--lookup N reaches LongSpec's and vegas' configs; with plain decoding it is a clear error."""
     rc = cli.main(["generate", "--model", smollm2_ckpt, "--method", "longspec", "--lookup", "4", "--prompt",
                    "one two three one two three one two", "--max-new-tokens", "6", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["stats"]["knobs"]["lookup"] == 4 and out["stats"]["method"] == "longspec"
-    rc = cli.main(["generate", "--model", smollm2_ckpt, "--prompt", "hi", "--lookup", "4", "--method", "vegas"])
+    rc = cli.main(["generate", "--model", smollm2_ckpt, "--method", "vegas", "--lookup", "3", "--prompt",
+                   "one two three one two three one two", "--max-new-tokens", "6", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["stats"]["knobs"]["lookup"] == 3 and out["stats"]["method"] == "vegas"
+    rc = cli.main(["generate", "--model", smollm2_ckpt, "--prompt", "hi", "--lookup", "4"])
     err = capsys.readouterr().err
-    assert rc == 2 and "'longspec' only" in err and "Traceback" not in err, err
+    assert rc == 2 and "--lookup" in err and "Traceback" not in err, err
 
 
 def test_longspec_drafter_errors(smol, tmp_path, capsys):

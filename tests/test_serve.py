@@ -46,9 +46,10 @@ def _alone(cfg, params, prompt, stops):
 
 @pytest.mark.parametrize("method,staged", [("vegas", True), ("streaming", False), ("longspec", True),
                                            ("longspec", False), ("ar", True), ("longspec-lookup", True),
-                                           ("longspec-lookup", False)])
+                                           ("longspec-lookup", False), ("vegas-lookup", True),
+                                           ("quest-lookup", False)])
 def test_each_request_equals_plain_decoding_alone(method, staged):
-    lookup = 4 if method == "longspec-lookup" else 0   # LongSpec + a prompt-lookup chain (its token record refilled)
+    lookup = 4 if method.endswith("-lookup") else 0   # + a prompt-lookup chain (its token record refilled)
     method = method.split("-")[0]
     cfg, params, prompts = _setup(local=method == "longspec")
     free = [_alone(cfg, params, p, ()) for p in prompts]
@@ -60,7 +61,7 @@ def test_each_request_equals_plain_decoding_alone(method, staged):
         spec = SpecConfig("longspec", tree_widths=(2, 3), window=8, lookup=lookup)
         drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.0)
     else:
-        spec = SpecConfig(method, gamma=3, budget=12, min_tokens=12)
+        spec = SpecConfig(method, gamma=3, budget=12, min_tokens=12, lookup=lookup)
     outs, st = sv.serve(params, cfg, spec, GREEDY, prompts, batch=2, capacity=CAP, max_new_tokens=NEW,
                         stop_tokens=(stop,), drafter=drafter, staged=staged)
     assert [o.tolist() for o in outs] == want

@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 import jspec
-from conftest import CharTokenizer, spy_attention_reads
+from conftest import CharTokenizer, damped, spy_attention_reads
 from jspec import decoding as gen
 from jspec import kv_cache, model, sampling, speculative
 from jspec.attention import AttnImpl
@@ -50,6 +50,8 @@ VARIANTS = {
     "vegas-all-logits": dict(method="vegas", collect="all", score_mode="logits"),
     "vegas-sort": dict(method="vegas", topk="sort"),   # score-ordered selections by lax.top_k (vegas: "select")
     "vegas-pages": dict(method="vegas", select_page=4),   # whole aligned pages of 4 slots
+    "vegas-lookup": dict(method="vegas", lookup=4),       # + 4 prompt-lookup tokens after the drafts
+    "quest-lookup": dict(method="quest", page_size=4, lookup=2),
 }
 # llama: a budget of 8 slots, so most drafts are rejected (identity must not depend on draft quality).
 # qwen3: a budget covering the whole cache, so every draft step must be exact full attention and every
@@ -105,25 +107,96 @@ def test_greedy_identical_to_plain_decoding(arch, name):
     else:
         assert hist[:, :spec.gamma].sum() == 0, hist          # exact drafts: every round accepts all gamma
     # Every round emits n_accepted + 1 tokens; the first token comes from the prefill.
-    emitted = (hist * np.arange(1, spec.gamma + 2)).sum(1)
+    assert hist.shape[1] == spec.gamma + spec.lookup + 1
+    emitted = (hist * np.arange(1, hist.shape[1] + 1)).sum(1)
     assert (emitted >= np.array([len(r) for r in ref]) - 1).all()
     assert (np.asarray(st.rounds) == hist.sum(1)).all()
 
 
-def test_sampled_rounds_follow_the_target_distribution():
+def _looping_setup():
+    """A tiny model whose next token depends mostly on the current one (damped layers), so its greedy output
+    falls into loops, and its plain-decoding reference: a prompt-lookup chain is then accepted past gamma."""
+    cfg = tiny("qwen3")
+    params = damped(model.init_params(cfg, jax.random.key(1), scale=0.3), 0.006)
+    unit = np.random.default_rng(9).integers(4, cfg.vocab_size, 6).tolist()
+    prompts = [unit * 5, (unit * 4)[3:], np.random.default_rng(3).integers(4, cfg.vocab_size, 17).tolist()]
+    tokens, lengths = gen.pad_prompts(prompts, multiple=32)
+    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+    cache = kv_cache.init(cfg, batch=len(prompts), capacity=CAPACITY)
+    logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
+    free, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    return cfg, params, prompts, tokens, lengths, np.asarray(free)
+
+
+@pytest.mark.parametrize("name", ["vegas", "streaming", "vegas-pages"])
+def test_lookup_chain_is_accepted_past_gamma_and_keeps_greedy_output(name):
+    """With a lookup chain of 5 after gamma=2 drafts: greedy output equals plain decoding's, some rounds accept
+    more than gamma tokens (only the lookup tokens can give those), and the token record holds each row's
+    prompt + emitted text at its cache slots."""
+    cfg, params, prompts, tokens, lengths, free = _looping_setup()
+    kw = dict(VARIANTS[name])
+    spec = SpecConfig(gamma=2, budget=8, lookup=5, **kw)
+    assert spec.depth == 7 and spec.capacity_margin() == 8
+    state = speculative.init(params, cfg, spec, tokens, lengths, CAPACITY)
+    out, n_out, st, final = speculative.run_donating(params, cfg, spec, GREEDY, state, jax.random.key(0), NEW)
+    np.testing.assert_array_equal(np.asarray(out), free)
+    hist = np.asarray(st.accept_hist)
+    assert hist.shape[1] == 8 and hist[:, 3:].sum() > 0, hist
+    assert hist[:2, 3:].sum() >= hist[:2].sum() // 2, hist   # the repeating rows mostly accept past gamma
+    rec, cache_len = np.asarray(final.tokens), np.asarray(final.cache.lengths)
+    for b, p in enumerate(prompts):   # the cache holds prompt + every emitted token but the newest (and the
+        text = p + free[b].tolist()      # last round's accepted tokens past max_new_tokens, not emitted)
+        assert cache_len[b] >= len(text) - 1
+        assert rec[b, :len(text) - 1].tolist() == text[:-1]
+
+
+def test_lookup_config_and_errors():
+    assert SpecConfig("vegas", gamma=4, lookup=8).depth == 12
+    assert SpecConfig("vegas", gamma=4, lookup=8).capacity_margin() == 13
+    from jspec.speculative import vegas
+    assert vegas.tail_slots(SpecConfig("vegas", gamma=4, lookup=8)) == 2 * 4 + 8
+    with pytest.raises(ValueError, match="'ar'"):
+        SpecConfig("ar", lookup=4)
+    with pytest.raises(ValueError, match="lookup=-1"):
+        SpecConfig("vegas", lookup=-1)
+    cfg, params, _, tokens, lengths, _ = _looping_setup()
+    cache = kv_cache.init(cfg, batch=tokens.shape[0], capacity=CAPACITY)
+    logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
+    last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        speculative.prepare(params, cfg, SpecConfig("vegas", lookup=3), cache, logits, last)
+
+
+DAMP = 0.2   # the lookup case's model: drafts accepted ~40% of rounds, the first lookup token in ~1/3 of those
+
+
+@pytest.mark.parametrize("gamma,lookup", [(3, 0), (1, 2)])
+def test_sampled_rounds_follow_the_target_distribution(gamma, lookup):
     """Chi-square: the 2nd and 3rd emitted tokens (the first round's output and, after a rejection, the next
-    round's) have the target's marginal distribution, computed exactly by enumerating the earlier tokens."""
+    round's) have the target's marginal distribution, computed exactly by enumerating the earlier tokens.
+    (1, 2): one draft then two prompt-lookup tokens (point-mass drafts), so the 3rd token is a lookup
+    token's accept-or-residual outcome in every round that accepted the draft. There the model is damped (the
+    next token leans on the current one) and the prompt is its own greedy text, so the lookup's proposals
+    are likely but not certain: both outcomes occur often."""
     cfg = tiny("qwen3", vocab_size=16, d_model=32, ffn_dim=48)
     params = model.init_params(cfg, jax.random.key(3), scale=0.6)
     samp = SamplingConfig(temperature=0.9, top_k=12)
     N = 8000
     prompt = np.random.default_rng(7).integers(0, 16, 12)
+    if lookup:
+        params = damped(params, DAMP)
+        cache = kv_cache.init(cfg, batch=1, capacity=16)
+        logits, cache = gen.prefill(params, cfg, jnp.asarray(prompt[None, :1], jnp.int32), jnp.array([1]), cache)
+        text, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=11)
+        prompt = np.concatenate([prompt[:1], np.asarray(text)[0]])
     tokens = jnp.asarray(np.tile(prompt, (N, 1)), jnp.int32)
     lengths = jnp.full((N,), 12, jnp.int32)
-    spec = SpecConfig("vegas", gamma=3, budget=3)
+    spec = SpecConfig("vegas", gamma=gamma, budget=3, lookup=lookup)
     _, out, st = spec_generate(cfg, params, spec, tokens, lengths, samp=samp, key=11, new=3, capacity=20)
     hist = np.asarray(st.accept_hist).sum(0)
     assert hist[0] > 0.05 * hist.sum() and hist[1:].sum() > 0.2 * hist.sum(), hist   # q differs from p
+    if lookup:   # rounds that accepted the draft and then rejected / accepted the first lookup token
+        assert hist[1] > 0.03 * hist.sum() and hist[2:].sum() > 0.03 * hist.sum(), hist
 
     # Exact target marginals: p(t0), p(t1) = sum_t0 p(t0) p(t1|t0), p(t2) likewise over (t0, t1).
     V = cfg.vocab_size

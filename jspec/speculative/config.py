@@ -54,10 +54,13 @@ class SpecConfig:
                 to the selection point are attended whole (up to select_page - 1 more). The budget (static
                 width) must be a multiple of it. On the H200 at L=8000, B=64 (SmolLM2-135M) pages of 8-32
                 ran 1.60-1.66x ar against 1.44-1.47x for single slots, same or higher tau (README).
-    lookup:     longspec: also verify, in the same target forward, a chain of this many tokens proposed by
-                n-gram lookup over the row's own text (prompt + output; jspec/speculative/lookup.py), hung off
-                the tree's root. 0 (default): off. Sampling treats its tokens as point-mass drafts in the
-                multi-draft rejection rule (jspec/speculative/tree.py `accept_sampled`), so it stays lossless.
+    lookup:     also verify, in the same target forward, this many tokens proposed by n-gram lookup over the
+                row's own text (prompt + output; jspec/speculative/lookup.py). longspec hangs them off the
+                tree's root as a chain of their own; streaming, quest and vegas append them to the gamma
+                drafts (proposed from the text and the drafts), so a round accepts up to gamma + lookup.
+                0 (default): off. Sampling treats them as point-mass drafts (accept x with p(x), else draw
+                from p without x; jspec/speculative/tree.py `accept_sampled` for the tree), so it stays
+                lossless.
     """
 
     method: str = "vegas"
@@ -123,8 +126,9 @@ class SpecConfig:
             raise InputError(f"tree_widths={self.tree_widths} must be a non-empty tuple of widths >= 1")
         if self.lookup < 0:
             raise InputError(f"lookup={self.lookup} must be >= 0 (prompt-lookup draft tokens per round)")
-        if self.lookup and self.method != "longspec":
-            raise InputError(f"lookup={self.lookup} applies to method 'longspec' only, not {self.method!r}")
+        if self.lookup and self.method == "ar":
+            raise InputError(f"lookup={self.lookup} needs a speculative method (streaming, quest, vegas, longspec), "
+                             f"not 'ar'")
         if self.method == "longspec" and self.depth >= self.window:
             raise InputError(f"the draft depth {self.depth} must be < window={self.window} (the drafter's ring "
                              f"must hold a whole root-to-leaf path)")
@@ -153,8 +157,11 @@ class SpecConfig:
 
     @property
     def depth(self) -> int:
-        """Most drafts one round can accept (gamma; longspec: the tree depth, or the lookup chain's if longer)."""
-        return max(len(self.widths), self.lookup)
+        """Most drafts one round can accept: gamma + lookup (longspec: the tree depth, or the lookup chain's if
+        longer)."""
+        if self.method == "longspec":
+            return max(len(self.widths), self.lookup)
+        return self.gamma + self.lookup
 
     def capacity_margin(self) -> int:
         """Cache slots needed beyond prompt + max_new_tokens: a round writes up to gamma + 1 slots ahead

@@ -5,6 +5,8 @@ One round (one iteration of a jitted `lax.while_loop`, no host sync):
     cache holds the accepted prefix (slots 0 .. lengths-1); `last` is the newest emitted token, not yet cached
     1. draft   gamma one-token forwards with the method's sparse selection: [last, d1 .. d_{g-1}] are written
                at slots lengths .. lengths+gamma-1 and produce d1 .. dg (sampled from q for T > 0)
+       1b.     with spec.lookup = G: G more drafts proposed by n-gram lookup over the row's text + the drafts
+               (lookup.py), verified in the same forward (T = gamma + G + 1); below, gamma means gamma + G
     2. verify  roll back to lengths, one full-attention forward over [last, d1 .. dg] (T = gamma + 1), which
                rewrites the same slots (+ slot lengths+gamma); vegas also collects per-layer scores here
     3. accept  per sequence n in [0, gamma] drafts + one corrected/bonus token (sampling.verify_chain;
@@ -43,7 +45,7 @@ from flax import struct
 from jspec import kv_cache, model, sampling
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-from jspec.speculative import longspec, plain, quest, streaming, vegas
+from jspec.speculative import longspec, lookup, plain, quest, streaming, vegas
 from jspec.speculative.config import SpecConfig
 
 METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas, "ar": plain}
@@ -56,6 +58,7 @@ class State:
     cache: kv_cache.KVCache
     logits: jax.Array     # f32[B, V] distribution of the first token to emit
     method: object        # the method module's state pytree
+    tokens: object = None  # int32[B, capacity] with spec.lookup (not longspec): the text by cache slot
 
 
 @struct.dataclass
@@ -116,7 +119,9 @@ def init_sharded(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prom
     cache = sharding.init_cache(cfg, mesh, batch=tokens.shape[0], capacity=capacity)
     logits, cache = decoding.prefill(params, cfg, tokens, lengths, cache, impl=impl)
     last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-    extra = dict(drafter=drafter, prompt_tokens=tokens) if spec.method == "longspec" else {}
+    extra = dict(drafter=drafter) if spec.method == "longspec" else {}
+    if spec.method == "longspec" or spec.lookup:
+        extra["prompt_tokens"] = tokens
     return prepare(params, cfg, spec, cache, logits, last, impl=impl, **extra)
 
 
@@ -129,7 +134,7 @@ def prepare(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache,
 
     longspec also needs `drafter` (its params) and `prompt_tokens` int32[B, P] (right-padded, real lengths
     = cache.lengths; at least each row's last `spec.window` tokens matter): the drafter's ring is filled
-    from them."""
+    from them. With spec.lookup every method needs `prompt_tokens` (the lookup reads each row's text)."""
     return _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter, prompt_tokens)
 
 
@@ -141,8 +146,13 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
         return State(cache=cache, logits=logits, method=mstate)
     m = _method(spec)
     lengths = cache.lengths
+    tokens = None
+    if spec.lookup:
+        if prompt_tokens is None:
+            raise ValueError(f"lookup={spec.lookup} needs prompt_tokens: the lookup reads each row's own text")
+        tokens = lookup.record(prompt_tokens, cache.capacity)
     if not m.score_rows(spec):
-        return State(cache=cache, logits=logits, method=m.init(spec, cfg, cache, None, lengths))
+        return State(cache=cache, logits=logits, method=m.init(spec, cfg, cache, None, lengths), tokens=tokens)
     # Vegas needs verification-like scores before its first round. A static score row cannot point at each
     # prompt's last token in a ragged prefill, so re-run that token as a one-token full-attention step that
     # emits its query's scores (selection point = its slot, see vegas.py). Its K/V are put back as the
@@ -159,7 +169,7 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
                                    score_rows=(0,), score_mode=spec.score_mode, impl=impl)
     cache = kv_cache.KVCache(k=scored.k.at[:, b, point].set(saved_k), v=scored.v.at[:, b, point].set(saved_v),
                              lengths=lengths)
-    return State(cache=cache, logits=logits, method=m.init(spec, cfg, cache, aux["scores"], point))
+    return State(cache=cache, logits=logits, method=m.init(spec, cfg, cache, aux["scores"], point), tokens=tokens)
 
 
 # ------------------------------------------------------------------------------------------- the pieces
@@ -197,11 +207,25 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, msta
     return drafts, q, cache
 
 
+def extend(spec: SpecConfig, tokens, base, last, drafts, q):
+    """Step 1b with spec.lookup: append G = spec.lookup prompt-lookup tokens to the drafts, proposed from each
+    row's text (`tokens`, the record; slots < base) + [last, d1..dg]. Their q is a point mass (they are fixed
+    by the prefix), so `sampling.verify_chain` accepts one with probability p(x) and after a rejection draws
+    from p without x: still lossless. Returns drafts int32[B, gamma+G] and q (None for greedy)."""
+    block = jnp.concatenate([last[:, None], drafts], axis=1)
+    seq = lookup.commit(tokens, base, block, jnp.full_like(base, block.shape[1]))
+    extra = lookup.propose(seq, base + block.shape[1], spec.lookup)
+    if q is not None:
+        q = jnp.concatenate([q, jax.nn.one_hot(extra, q.shape[-1], dtype=q.dtype)], axis=1)
+    return jnp.concatenate([drafts, extra], axis=1), q
+
+
 def verify(params, cfg: ModelConfig, spec: SpecConfig, cache, last, drafts, impl: AttnImpl = AttnImpl(), live=None):
-    """One full-attention forward over [last, d1..dg] at slots lengths.. (step 2); `live` as in `draft`.
+    """One full-attention forward over [last, d1..dg] (+ the lookup tokens) at slots lengths.. (step 2);
+    `live` as in `draft`.
 
     Returns:
-      logits f32[B, gamma+1, V], the cache (lengths + gamma + 1), scores f32[L, B, S] or None.
+      logits f32[B, depth+1, V], the cache (lengths + depth + 1), scores f32[L, B, S] or None.
     """
     rows = _method(spec).score_rows(spec)
     block = jnp.concatenate([last[:, None], drafts], axis=1)
@@ -239,7 +263,8 @@ class _Loop:
     done: jax.Array      # bool[B]
     key: jax.Array
     rounds: jax.Array    # int32[B]
-    hist: jax.Array      # int32[B, gamma + 1]
+    hist: jax.Array      # int32[B, depth + 1]
+    tokens: object = None  # int32[B, capacity] the text by cache slot (spec.lookup, not longspec)
 
 
 _STATIC = ("cfg", "spec", "samp", "max_new_tokens", "stop_tokens", "impl")
@@ -285,7 +310,7 @@ def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl,
 def finish(st: "_Loop", logits):
     """(tokens [B, max_new_tokens], n_out, SpecStats, final State) of a finished loop."""
     max_new = st.out.shape[1] - st.hist.shape[1]
-    final = State(cache=st.cache, logits=logits, method=st.mstate)
+    final = State(cache=st.cache, logits=logits, method=st.mstate, tokens=st.tokens)
     return st.out[:, :max_new], st.n_out, SpecStats(rounds=st.rounds, accept_hist=st.hist), final
 
 
@@ -307,7 +332,7 @@ def start(spec: SpecConfig, samp: SamplingConfig, state: State, key, max_new_tok
     out = jnp.full((B, max_new_tokens + g + 1), -1, jnp.int32).at[:, 0].set(first)
     return _Loop(cache=state.cache, mstate=state.method, last=first, out=out, n_out=jnp.ones((B,), jnp.int32),
                  done=is_stop(first) | (max_new_tokens <= 1), key=key, rounds=jnp.zeros((B,), jnp.int32),
-                 hist=jnp.zeros((B, g + 1), jnp.int32))
+                 hist=jnp.zeros((B, g + 1), jnp.int32), tokens=state.tokens)
 
 
 def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, impl, drafter=None) -> "_Loop":
@@ -323,6 +348,8 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
                                                           st.last, live, k_draft, k_accept, impl)
     else:
         drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl, live)
+        if spec.lookup:
+            drafts, q = extend(spec, st.tokens, base, st.last, drafts, q)
         cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
         logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl, live)
         n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
@@ -340,8 +367,12 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     done = st.done | (stop_at < count) | (n_out >= max_new_tokens)
 
     cache = cache.replace(lengths=jnp.where(live, base + n_acc + 1, base))
+    rec = st.tokens
+    if rec is not None:   # `last` and the accepted drafts are now at slots base .. base + n_acc
+        block = jnp.concatenate([st.last[:, None], drafts], axis=1)
+        rec = lookup.commit(rec, base, block, jnp.where(live, n_acc + 1, 0))
     if not is_longspec:
         mstate = _method(spec).update(spec, st.mstate, cache, scores, base)
     hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * live[:, None].astype(jnp.int32))
     return _Loop(cache=cache, mstate=mstate, last=jnp.where(live, nxt, st.last), out=out, n_out=n_out,
-                 done=done, key=key, rounds=st.rounds + live.astype(jnp.int32), hist=hist)
+                 done=done, key=key, rounds=st.rounds + live.astype(jnp.int32), hist=hist, tokens=rec)

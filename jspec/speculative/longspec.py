@@ -65,11 +65,7 @@ def init(drafter, params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, pro
     spec.lookup also the prompt tokens by cache slot (`capacity` slots, default the prompt's width)."""
     dcache = drafter_fill(_need(drafter), params, cfg, prompt_tokens, prompt_lengths, window=spec.window,
                           dtype=cfg.dtype)
-    tokens = None
-    if spec.lookup:
-        B, P = prompt_tokens.shape
-        C = capacity or P
-        tokens = jnp.zeros((B, C), jnp.int32).at[:, :min(P, C)].set(prompt_tokens[:, :C].astype(jnp.int32))
+    tokens = lookup_lib.record(prompt_tokens, capacity or prompt_tokens.shape[1]) if spec.lookup else None
     return State(dcache=dcache, tokens=tokens)
 
 
@@ -123,7 +119,7 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
     tokens, positions = tree.tokens[:, leaf], jnp.broadcast_to(len(widths), (B, len(leaf)))
     if spec.lookup:
         base = cache.lengths
-        seq = mstate.tokens.at[jnp.arange(B), base].set(last.astype(jnp.int32), mode="drop")
+        seq = lookup_lib.commit(mstate.tokens, base, last[:, None], jnp.ones_like(base))
         tree = tree_lib.add_chain(tree, lookup_lib.propose(seq, base + 1, spec.lookup))
         tokens = jnp.concatenate([tokens, tree.tokens[:, T:]], axis=1)
         positions = jnp.concatenate([positions, jnp.broadcast_to(1 + jnp.arange(spec.lookup), (B, spec.lookup))], 1)
@@ -164,10 +160,7 @@ def commit(spec: SpecConfig, d: Draft, cache: kv_cache.KVCache, base, best, n_ac
     dcache = drafter_commit(mstate.dcache, k, v, n_new)
     tokens = mstate.tokens
     if tokens is not None:   # root + accepted path at slots base .. base + n_accepted
-        j = jnp.arange(ring_idx.shape[1], dtype=jnp.int32)[None]
-        slot = jnp.where(j < n_new[:, None], base[:, None] + j, tokens.shape[1])
-        tokens = tokens.at[jnp.arange(tokens.shape[0])[:, None], slot].set(
-            jnp.take_along_axis(d.tree.tokens, ring_idx, axis=1), mode="drop")
+        tokens = lookup_lib.commit(tokens, base, jnp.take_along_axis(d.tree.tokens, ring_idx, axis=1), n_new)
     return drafts, cache, State(dcache=dcache, tokens=tokens)
 
 

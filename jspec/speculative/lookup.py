@@ -1,7 +1,10 @@
 """Prompt-lookup drafts: the tokens that followed the latest earlier occurrence of a row's newest n-gram.
 
-LongSpec's optional extra branch (`SpecConfig(lookup=G)`): a chain of G tokens, hung off the draft tree's root and
-verified in the same target forward, proposed without any model from the row's own text (prompt + output).
+An optional extra draft for every speculative method (`SpecConfig(lookup=G)`): G tokens proposed without any model
+from the row's own text (prompt + output), verified in the same target forward. LongSpec hangs them off its
+draft tree's root as a chain of their own; the self-speculative methods (streaming, quest, vegas) append them
+to their gamma-token draft chain, proposed from the text *and* the drafts, so a round that accepts every draft
+can go on accepting up to G more tokens without another draft step.
 Long-context generation copies a lot (identifiers in code, names and phrases in prose, and a small greedy
 model's own loops), which a one-block drafter predicts less well than a string match does.
 
@@ -17,6 +20,22 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 MAX_NGRAM = 3
+
+
+def record(prompt_tokens, capacity: int):
+    """The token record: int32[B, capacity], each row's prompt (right-padded int32[B, P]) at its cache slots.
+    The rounds write their accepted text into it (`commit`); slots at and past a row's length are junk."""
+    B, P = prompt_tokens.shape
+    rec = jnp.zeros((B, capacity), jnp.int32)
+    return rec.at[:, :min(P, capacity)].set(prompt_tokens[:, :capacity].astype(jnp.int32))
+
+
+def commit(rec, base, tokens, n_new):
+    """The record with tokens[b, :n_new[b]] (int32[B, N]) written at slots base[b] .. base[b] + n_new[b] - 1."""
+    B, N = tokens.shape
+    j = jnp.arange(N, dtype=jnp.int32)[None]
+    slot = jnp.where(j < n_new[:, None], base[:, None] + j, rec.shape[1])      # the rest: dropped
+    return rec.at[jnp.arange(B)[:, None], slot].set(tokens.astype(jnp.int32), mode="drop")
 
 
 def propose(seq, n, count: int, max_n: int = MAX_NGRAM):

@@ -15,7 +15,8 @@ alternative (1, gamma) differs little; collect="all" (rows 0..gamma) is the abla
 
 The selection point is the first slot of the verified block: top-k competes among earlier positions only,
 and every position from there on -- `last`, the accepted drafts of that block and this round's drafts -- is
-always attended (selection.with_tail): at most (gamma + 1) + (gamma - 1) = 2*gamma extra slots.
+always attended (selection.with_tail): at most (gamma + 1) + (gamma - 1) = 2*gamma extra slots (with a
+lookup chain of G, accepted after the drafts: 2*gamma + G).
 
 First round. There is no verification yet: after the ordinary prefill the engine re-runs each prompt's last
 token as a one-token full-attention step with score_rows=(0,) (a ragged prefill has no static row index for
@@ -45,8 +46,9 @@ def score_rows(spec):
 
 
 def tail_slots(spec):
-    # select_page > 1: the tail starts at the page-aligned start, up to select_page - 1 slots before the point
-    return 2 * spec.gamma + spec.select_page - 1
+    # A round emits up to depth + 1 = gamma + lookup + 1 tokens after the point, then gamma - 1 drafts are
+    # written; select_page > 1: the tail starts at the page-aligned start, up to select_page - 1 slots earlier
+    return spec.depth + spec.gamma + spec.select_page - 1
 
 
 def _select(spec, scores, point):
