@@ -9,6 +9,8 @@
 #   bash bench/probe_h200.sh leafab lookup8000 lserve   # (carry .carry/old for leafab; see each mode below)
 #   bash bench/probe_h200.sh lgrid8; bash bench/probe_h200.sh lgrid42   # the issue-6 grid with lookup chains
 #   bash bench/probe_h200.sh vlookup  # vegas / streaming + prompt-lookup tokens after the drafts, L=8000, B=64
+#   bash bench/probe_h200.sh vexact vgrid   # the same with the row-independent dense kernels (bf16 output vs ar);
+#                                           # vegas-page8 +lookup 4/8 at L=8000 B=16/1 and L=4096/2048 B=64
 set -uo pipefail
 mkdir -p /root/jspec-cache/corpus && cp .carry/heldout/*.txt /root/jspec-cache/corpus/
 for mode in "$@"; do
@@ -48,6 +50,17 @@ for mode in "$@"; do
         --lengths 8000 --batches 64 --methods "$ms" --gammas 4 --gamma-methods "" --sweep-methods "" \
         --sweep-shape 8000x64 --split-shape 8000x64 --no-ablation --budget-s 280 2>&1 \
         | grep -v Warning | tee "$OUT/spec_lookup64_h200_log.txt" | tail -24 ;;
+    vexact)   # AttnImpl(dense_rows=576): every step's dense part on the Pallas kernels whose rounding of a row does
+              # not depend on the step's row count, so bf16 greedy output can equal ar's token for token
+      timeout "${T_SPEC:-240}" python3 bench/spec.py --out "$OUT/spec_lookup64_exact_h200.json" --impl pallas \
+        --dense-rows 576 --lengths 8000 --batches 64 --methods vegas-page8,vegas-page8+lookup4 --gammas 4 \
+        --gamma-methods "" --sweep-methods "" --sweep-shape 8000x64 --split-shape 8000x64 --no-ablation \
+        --budget-s 220 2>&1 | grep -v Warning | tee "$OUT/spec_lookup64_exact_h200_log.txt" | tail -8 ;;
+    vgrid)
+      timeout "${T_SPEC:-330}" python3 bench/spec.py --out "$OUT/spec_lookup_grid_h200.json" --impl pallas \
+        --lengths 8000,4096,2048 --batches 64,16,1 --methods vegas-page8,vegas-page8+lookup4,vegas-page8+lookup8 \
+        --gammas 4 --gamma-methods "" --sweep-methods "" --sweep-shape 8000x64 --split-shape 8000x64 --no-ablation \
+        --budget-s 310 2>&1 | grep -v Warning | tee "$OUT/spec_lookup_grid_h200_log.txt" | tail -8 ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done
