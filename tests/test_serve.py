@@ -61,7 +61,8 @@ def test_each_request_equals_plain_decoding_alone(method, staged):
         spec = SpecConfig("longspec", tree_widths=(2, 3), window=8, lookup=lookup)
         drafter = init_drafter_params(cfg, jax.random.key(2), target_params=params, scale=0.0)
     else:
-        spec = SpecConfig(method, gamma=3, budget=12, min_tokens=12, lookup=lookup)
+        spec = SpecConfig(method, gamma=3, budget=12, min_tokens=12, lookup=lookup,
+                          **({"page_size": 4} if method == "quest" else {}))
     outs, st = sv.serve(params, cfg, spec, GREEDY, prompts, batch=2, capacity=CAP, max_new_tokens=NEW,
                         stop_tokens=(stop,), drafter=drafter, staged=staged)
     assert [o.tolist() for o in outs] == want

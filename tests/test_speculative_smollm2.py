@@ -76,9 +76,11 @@ def _spec(real, dtype, spec):
     return np.asarray(out), st
 
 
-@pytest.mark.parametrize("method", ["vegas", "streaming"])
+@pytest.mark.parametrize("method", ["vegas", "streaming", "vegas+lookup"])
 def test_real_model_f32_greedy_identical(real, method):
-    out, st = _spec(real, "f32", SpecConfig(method, gamma=4, budget=64))
+    # vegas+lookup: 4 prompt-lookup tokens verified after the drafts (a 9-row verification)
+    name, _, look = method.partition("+")
+    out, st = _spec(real, "f32", SpecConfig(name, gamma=4, budget=64, lookup=4 if look else 0))
     np.testing.assert_array_equal(out, _ar(real, "f32"))
     assert st.tau() > 1.5          # real text: the sparse drafts are mostly right
 
