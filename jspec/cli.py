@@ -262,6 +262,11 @@ def main(argv=None):
                    help="configs compiled in parallel before they are timed (default min(4, CPU cores / 4))")
     u.add_argument("--out", default="tune.json", help="where to write the config (default tune.json)")
 
+    from jspec import bench as bench_cli
+    bn = sub.add_parser("bench", help="the canonical benchmark: methods x batch sizes x lengths through "
+                                      "jspec.generate on long ragged tasks, peers in the same run -> JSON + plot")
+    bench_cli.add_arguments(bn)
+
     from jspec.drafter import cli as drafter_cli
     t = sub.add_parser("train-drafter", help="train the LongSpec drafter block against a frozen target")
     drafter_cli.add_arguments(t)
@@ -280,6 +285,8 @@ def main(argv=None):
             return drafter_cli.run(a)
         elif a.cmd == "selfgen":
             return drafter_cli.run_selfgen(a)
+        elif a.cmd == "bench":
+            return bench_cli.run(a)
         elif a.cmd == "generate":
             kw = {k: v for k, v in vars(a).items() if k != "cmd"}
             cmd_generate(**kw)

@@ -1,0 +1,532 @@
+"""`jspec bench`: the canonical benchmark. Methods x batch sizes x context lengths through `jspec.generate`,
+the path users call, on one set of prompts per shape shared by every method; warm-up excluded.
+
+    jspec bench --methods ar,vegas,longspec+lookup8 --batches 1,16,64 --lengths 8000 --out bench.json
+    python -m jspec.bench --check-lossless --batches 64 --lengths 8000    # float32, lists every row that differs
+
+Workloads (`--workload`):
+  long-tasks  (default) what long-context users send: chat-template summaries and questions over long
+              documents, and raw prose and code continuations, with ragged lengths between 0.9 L and L;
+              stop tokens honoured. Texts come from `--texts DIR` (*.py files are code, other text files
+              prose), else the running Python's standard library (code) and its pydoc topics (prose).
+  continue    raw windows of exactly L tokens, alternating code and prose.
+  DIR         a folder of your own prompts: each text file is one prompt, used as written (`--chat` wraps it).
+
+Each record: method, knobs, L, B, prompt lengths, new tokens, tokens/s (new tokens after the first / decode
+time), tau, speedup over `ar` in the same run, the share of rows whose tokens equal `ar`'s, and the share of
+distinct tokens in the output (a model that loops flatters prompt lookup). `--peers hf,hf-compile` times
+Hugging Face transformers on the same prompts in a separate process first (`jspec.peers`; needs torch). The
+file carries its provenance (`jspec.provenance`): a run from a tree that differs from its commit is refused
+unless `--allow-dirty`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_METHODS = ("ar", "streaming", "vegas", "longspec", "vegas+lookup8", "longspec+lookup8")
+LOSSLESS = ("ar", "streaming", "quest", "vegas", "longspec")
+KINDS = ("summary", "continue-code", "question", "continue-prose")
+SUMMARY = "Summarize the document above in a few paragraphs, covering each of its main parts."
+STOP_WORDS = {"The", "This", "That", "There", "These", "Those", "They", "Then", "Their", "When", "What", "Which",
+              "With", "Where", "While", "From", "Here", "Have", "Your", "Some", "Such", "Each", "Note", "Also",
+              "Only", "Even", "Most", "Every", "After", "Before", "Since", "Once", "Both", "Many", "More",
+              "None", "True", "False", "Self", "Return", "Returns", "Raises", "Example", "Otherwise"}
+
+
+class BenchError(ValueError):
+    """A benchmark request that cannot run as asked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """One benchmarked configuration, written `method[+lookupN][:knob=value,...]`, e.g. `vegas+lookup8:select_page=8`."""
+    label: str
+    method: str
+    knobs: tuple
+
+    @classmethod
+    def parse(cls, text: str) -> "MethodSpec":
+        head, _, rest = text.strip().partition(":")
+        method, _, lk = head.partition("+lookup")
+        knobs = {}
+        if lk:
+            if not lk.isdigit() or int(lk) < 1:
+                raise BenchError(f"method {text!r}: '+lookupN' needs a positive N")
+            knobs["lookup"] = int(lk)
+        for kv in filter(None, rest.split(",")):
+            k, eq, v = kv.partition("=")
+            if not eq:
+                raise BenchError(f"method {text!r}: knob {kv!r} is not key=value")
+            knobs[k.strip()] = _value(v.strip())
+        from jspec.speculative.config import SpecConfig
+        fields = {f.name for f in dataclasses.fields(SpecConfig)} - {"method"}
+        if method not in LOSSLESS:
+            raise BenchError(f"unknown method {method!r} in {text!r}; available: {', '.join(LOSSLESS)}")
+        bad = sorted(set(knobs) - fields)
+        if bad:
+            raise BenchError(f"method {text!r}: unknown knob(s) {bad}; SpecConfig has {sorted(fields)}")
+        if method == "ar" and knobs:
+            raise BenchError(f"method {text!r}: 'ar' takes no knobs")
+        return cls(label=text.strip(), method=method, knobs=tuple(sorted(knobs.items())))
+
+
+def _value(v: str):
+    if re.fullmatch(r"-?\d+", v):
+        return int(v)
+    if re.fullmatch(r"\d+(-\d+)+", v):        # tree widths: 4-16-16-16
+        return tuple(int(x) for x in v.split("-"))
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+@dataclasses.dataclass
+class Prompt:
+    kind: str
+    source: str
+    tokens: list
+
+
+def text_sources(texts_dir: Optional[str] = None) -> tuple[list, list]:
+    """([(name, code text)], [(name, prose text)]). Files of `texts_dir` (*.py code, others prose; each cut to
+    400K characters), completed from the running Python: its stdlib modules for code, pydoc topics for prose."""
+    from jspec import data
+    code, prose = [], []
+    if texts_dir is not None:
+        for p in data._text_files(texts_dir, (".txt", ".py", ".md", ".rst")):
+            text = p.read_text(encoding="utf-8", errors="replace")[:400_000]
+            (code if p.suffix == ".py" else prose).append((p.name, text))
+    if not code:
+        for m in data.DEFAULT_STDLIB_MODULES + ("functools", "pathlib", "subprocess"):
+            try:
+                code.append((f"{m}.py", data.stdlib_text(m)))
+            except FileNotFoundError:
+                pass
+    if not prose:
+        from pydoc_data.topics import topics
+        prose.append(("pydoc topics", "\n\n".join(topics[k] for k in sorted(topics))))
+    return code, prose
+
+
+class _Texts:
+    """Token streams of the sources, encoded once."""
+
+    def __init__(self, tok, code, prose):
+        self.tok = tok
+        self.streams = {"code": [(n, tok.encode(t, add_special_tokens=False)) for n, t in code],
+                        "prose": [(n, tok.encode(t, add_special_tokens=False)) for n, t in prose]}
+
+    def window(self, kind: str, i: int, n: int) -> tuple[str, list]:
+        """n tokens of a `kind` source for row i: rows take turns over the files, at offsets spread by i."""
+        files = self.streams[kind]
+        name, ids = files[i % len(files)]
+        if len(ids) < n:
+            raise BenchError(f"{name} has {len(ids)} tokens, fewer than the {n} a prompt needs; give longer texts "
+                             f"(--texts) or a shorter --lengths")
+        start = (i * 7919 + (i // len(files)) * 104729) % (len(ids) - n + 1)
+        return name, ids[start:start + n]
+
+
+def _question(kind: str, text: str, i: int) -> str:
+    if kind == "code":
+        names = sorted(set(re.findall(r"^\s*(?:def|class)\s+([A-Za-z_]\w{2,})", text, re.M)))
+        if names:
+            return (f"In the code above, what does `{names[(i * 31) % len(names)]}` do? Explain how it works and "
+                    f"where it is used.")
+        return "What does the code above do? Explain its main functions."
+    words = Counter(w for w in re.findall(r"\b([A-Z][a-z]{3,})\b", text) if w not in STOP_WORDS)
+    lower = set(re.findall(r"\b([a-z]{4,})\b", text))
+    names = [w for w, _ in words.most_common(12) if w.lower() not in lower]
+    if names:
+        return (f"Who or what is {names[i % len(names)]} in the text above, and what part does it play? Answer in "
+                f"detail.")
+    return "What is the text above about? Answer in detail."
+
+
+def _chat(tok, body: str) -> list:
+    if getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": body}], add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tok.encode(body + "\nAnswer:", add_special_tokens=False)
+
+
+def long_tasks(tok, texts: _Texts, L: int, B: int) -> list[Prompt]:
+    """B prompts of ragged lengths in [0.9 L, L]: summaries, questions, code and prose continuations in turn."""
+    rows = []
+    for i in range(B):
+        n = L - (i * 2654435761) % max(1, L // 10)
+        kind = KINDS[i % len(KINDS)]
+        if kind.startswith("continue"):
+            src, ids = texts.window(kind.split("-")[1], i, n)
+            rows.append(Prompt(kind, src, list(ids)))
+            continue
+        doc_kind = ("prose", "code")[(i // len(KINDS) + (kind == "question")) % 2]
+        src, ids = texts.window(doc_kind, i, n)
+        doc = tok.decode(ids)
+        ask = SUMMARY if kind == "summary" else _question(doc_kind, doc, i)
+        overhead = len(_chat(tok, "\n\n" + ask))
+        keep = n - overhead - 4
+        for _ in range(4):   # re-tokenising decoded text can shift the count: trim until it fits
+            prompt = _chat(tok, tok.decode(ids[:keep]) + "\n\n" + ask)
+            if len(prompt) <= n:
+                break
+            keep -= len(prompt) - n + 2
+        rows.append(Prompt(kind, src, prompt))
+    return rows
+
+
+def continuations(texts: _Texts, L: int, B: int) -> list[Prompt]:
+    """B raw windows of exactly L tokens, code and prose in turn."""
+    out = []
+    for i in range(B):
+        kind = ("code", "prose")[i % 2]
+        src, ids = texts.window(kind, i, L)
+        out.append(Prompt(f"continue-{kind}", src, list(ids)))
+    return out
+
+
+def folder_prompts(tok, path: str, L: int, B: int, chat: bool) -> list[Prompt]:
+    """The text files of `path`, one prompt each (cut to their last L tokens), rows taking turns over them."""
+    from jspec import data
+    files = data._text_files(path, (".txt", ".py", ".md", ".rst", ".json"))
+    out = []
+    for i in range(B):
+        p = files[i % len(files)]
+        text = p.read_text(encoding="utf-8", errors="replace")
+        ids = _chat(tok, text) if chat else tok.encode(text, add_special_tokens=False)
+        out.append(Prompt("chat" if chat else "raw", p.name, list(ids[-L:])))
+    return out
+
+
+def make_prompts(tok, workload: str, L: int, B: int, texts: Optional[_Texts], chat: bool = False) -> list[Prompt]:
+    if workload == "long-tasks":
+        return long_tasks(tok, texts, L, B)
+    if workload == "continue":
+        return continuations(texts, L, B)
+    if os.path.isdir(workload):
+        return folder_prompts(tok, workload, L, B, chat)
+    raise BenchError(f"unknown workload {workload!r}: long-tasks, continue, or a folder of prompt files")
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+def distinct_share(rows: list) -> float:
+    """Mean over rows of distinct tokens / tokens in the output (1.0: no token repeats)."""
+    shares = [len(set(t)) / len(t) for t in rows if t]
+    return round(sum(shares) / len(shares), 4) if shares else 0.0
+
+
+def differences(ref: list, got: list) -> list[dict]:
+    """Every row where `got` differs from `ref`: its first differing position and the two tokens there."""
+    out = []
+    for r, (a, b) in enumerate(zip(ref, got)):
+        if a != b:
+            pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            out.append(dict(row=r, position=pos, ar_token=a[pos] if pos < len(a) else None,
+                            token=b[pos] if pos < len(b) else None))
+    return out
+
+
+def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: bool, reps: int, impl,
+               temperature: float = 0.0, seed: int = 0):
+    """Warm-up call (compilation), then `reps` timed calls of `jspec.generate`; the fastest is kept."""
+    import jspec
+    kw = dict(method=spec.method, max_new_tokens=new, ignore_eos=ignore_eos, impl=impl, temperature=temperature,
+              seed=seed, **dict(spec.knobs))
+    t = time.perf_counter()
+    jspec.generate(model, prompts, **kw)
+    warm_s = time.perf_counter() - t
+    best = None
+    for _ in range(max(1, reps)):
+        out = jspec.generate(model, prompts, **kw)
+        if best is None or out.stats.decode_s < best.stats.decode_s:
+            best = out
+    return best, warm_s
+
+
+def bench(model, *, methods: list, lengths: list, batches: list, workload: str = "long-tasks", new: int = 256,
+          texts_dir: Optional[str] = None, ignore_eos: bool = False, reps: int = 1, chat: bool = False,
+          lossless_check: bool = False, impl=None, log=print, prompts_out: Optional[str] = None) -> list[dict]:
+    """Every method on every (L, B) shape, one prompt set per shape; records as the module docstring says."""
+    from jspec.attention import AttnImpl
+    impl = AttnImpl() if impl is None else impl
+    tok = model.tokenizer
+    texts = _Texts(tok, *text_sources(texts_dir)) if workload in ("long-tasks", "continue") else None
+    if "ar" not in [m.method for m in methods]:
+        methods = [MethodSpec.parse("ar")] + list(methods)   # the reference for speedups and identity
+    records = []
+    for L in lengths:
+        for B in batches:
+            prompts = make_prompts(tok, workload, L, B, texts, chat)
+            ids = [p.tokens for p in prompts]
+            lens = [len(t) for t in ids]
+            log(f"L={L} B={B}: prompt tokens {min(lens)}-{max(lens)} ({Counter(p.kind for p in prompts)})")
+            ref = None
+            for spec in methods:
+                out, warm_s = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos, reps=reps, impl=impl)
+                s, toks = out.stats, out.tokens
+                if spec.method == "ar" and ref is None:
+                    ref = dict(tokens=toks, tps=s.tokens_per_s)
+                diffs = differences(ref["tokens"], toks)
+                rec = dict(method=spec.label, base_method=spec.method, knobs=s.knobs or {},
+                           lookup=int(dict(spec.knobs).get("lookup", 0)), L=L, B=B,
+                           workload=workload, prompt_tokens_min=min(lens), prompt_tokens_max=max(lens),
+                           prompt_tokens_mean=round(sum(lens) / len(lens), 1),
+                           new_tokens_mean=round(sum(s.new_tokens) / B, 1), tokens_per_s=round(s.tokens_per_s, 1),
+                           decode_s=round(s.decode_s, 4), prefill_s=round(s.prefill_s, 4), warmup_s=round(warm_s, 1),
+                           tau=round(s.tau, 3), speedup_vs_ar=round(s.tokens_per_s / ref["tps"], 3),
+                           rows_identical_to_ar=round(1 - len(diffs) / B, 4),
+                           distinct_token_share=distinct_share(toks), kinds=[p.kind for p in prompts])
+                if lossless_check:
+                    rec["differences"] = diffs
+                records.append(rec)
+                log(f"  {spec.label:<28} {rec['tokens_per_s']:>10.1f} tok/s  {rec['speedup_vs_ar']:>5.2f}x ar  "
+                    f"tau {rec['tau']:<5} identical {rec['rows_identical_to_ar']:.2f}  distinct "
+                    f"{rec['distinct_token_share']:.2f}  (warm-up {warm_s:.0f} s)")
+            if prompts_out is not None:
+                _save_prompts(prompts_out, L, B, ids)
+    return records
+
+
+def _save_prompts(path, L, B, ids):
+    doc = json.load(open(path)) if os.path.exists(path) else {}
+    doc[f"{L}x{B}"] = ids
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def summarize(records: list, peers: list) -> dict:
+    """Per shape: ar's tokens/s, each method's speedup, the best lossless method, and ar against each peer."""
+    out = {}
+    for (L, B) in sorted({(r["L"], r["B"]) for r in records}):
+        rows = [r for r in records if (r["L"], r["B"]) == (L, B)]
+        ar = next(r for r in rows if r["method"] == "ar")
+        best = max((r for r in rows if r["method"] != "ar"), key=lambda r: r["tokens_per_s"], default=None)
+        best_plain = max((r for r in rows if r["method"] != "ar" and not r["lookup"]),
+                         key=lambda r: r["tokens_per_s"], default=None)
+        shape = {"ar_tokens_per_s": ar["tokens_per_s"],
+                 "speedup_vs_ar": {r["method"]: r["speedup_vs_ar"] for r in rows if r["method"] != "ar"},
+                 "best": best and best["method"], "best_speedup_vs_ar": best and best["speedup_vs_ar"],
+                 "best_without_lookup": best_plain and best_plain["method"],
+                 "best_without_lookup_speedup_vs_ar": best_plain and best_plain["speedup_vs_ar"],
+                 "ar_distinct_token_share": ar["distinct_token_share"]}
+        for p in peers:
+            if (p.get("L"), p.get("B")) == (L, B) and p.get("tokens_per_s"):
+                shape[f"ar_speedup_vs_{p['peer']}"] = round(ar["tokens_per_s"] / p["tokens_per_s"], 3)
+        out[f"L{L}_B{B}"] = shape
+    return out
+
+
+def plot(records: list, peers: list, path: str) -> Optional[str]:
+    """Bars of tokens/s per method (peers grey) for each shape, labelled with the speedup over ar."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    shapes = sorted({(r["L"], r["B"]) for r in records})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.8 * len(shapes), 4.2), squeeze=False)
+    for ax, (L, B) in zip(axes[0], shapes):
+        rows = [r for r in records if (r["L"], r["B"]) == (L, B)]
+        ps = [p for p in peers if (p.get("L"), p.get("B")) == (L, B) and p.get("tokens_per_s")]
+        names = [p["peer"] for p in ps] + [r["method"] for r in rows]
+        vals = [p["tokens_per_s"] for p in ps] + [r["tokens_per_s"] for r in rows]
+        colors = ["0.6"] * len(ps) + ["C0" if r["method"] == "ar" else "C1" for r in rows]
+        bars = ax.bar(range(len(vals)), vals, color=colors)
+        ar = next(r["tokens_per_s"] for r in rows if r["method"] == "ar")
+        for b, v in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, v, f"{v / ar:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(vals)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_title(f"L={L}, B={B}", fontsize=9)
+        ax.set_ylabel("new tokens/s")
+    fig.suptitle("jspec bench: tokens/s through jspec.generate (label: x ar in the same run)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_peers(peers: list, model_path: str, prompts_path: str, new: int, ignore_eos: bool, stop_tokens,
+              timeout_s: float, log=print) -> list[dict]:
+    """Each peer in its own process (`python -m jspec.peers`) on the saved prompts, before JAX takes the GPU."""
+    out = []
+    for peer in peers:
+        res = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+        cmd = [sys.executable, "-m", "jspec.peers", "--peer", peer, "--prompts", prompts_path, "--model-dir",
+               model_path, "--new", str(new), "--out", res]
+        if not ignore_eos:
+            cmd += ["--stop-tokens", ",".join(map(str, stop_tokens))]
+        log(f"peer {peer}: {' '.join(cmd[2:4])} ...")
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+            if run.returncode != 0:
+                raise RuntimeError((run.stderr or run.stdout).strip()[-600:])
+            got = [{k: v for k, v in r.items() if k != "tokens"} for r in json.load(open(res))]
+            for r in got:
+                log(f"  {peer} L={r.get('L')} B={r.get('B')}: {r.get('tokens_per_s')} tok/s")
+            out += got
+        except Exception as e:   # a peer that cannot run is recorded as such; jspec's figures still stand
+            log(f"  peer {peer} failed: {type(e).__name__}: {str(e)[-300:]}")
+            out.append(dict(peer=peer, error=f"{type(e).__name__}: {str(e)[-600:]}"))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="jspec bench", description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    a = ap.parse_args(argv)
+    try:
+        return run(a)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def add_arguments(ap):
+    ap.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                    help="comma-separated method[+lookupN][:knob=value;...] list (ar is always run as the "
+                         f"reference; default {','.join(DEFAULT_METHODS)})")
+    ap.add_argument("--lengths", default="8000", help="context lengths L, comma-separated (default 8000)")
+    ap.add_argument("--batches", default="1,16,64", help="batch sizes, comma-separated (default 1,16,64)")
+    ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per row (default 256)")
+    ap.add_argument("--workload", default="long-tasks", help="long-tasks (default), continue, or a prompt folder")
+    ap.add_argument("--texts", default=None, metavar="DIR",
+                    help="text folder for long-tasks / continue (*.py code, other files prose); default: the "
+                         "running Python's standard library and pydoc topics")
+    ap.add_argument("--chat", action="store_true", help="with a prompt folder: wrap each file in the chat template")
+    ap.add_argument("--ignore-eos", action="store_true", help="decode every row to --new-tokens")
+    ap.add_argument("--reps", type=int, default=1, help="timed calls per method after the warm-up (fastest kept)")
+    ap.add_argument("--check-lossless", action="store_true",
+                    help="float32 weights with the highest matmul precision: list every row where a lossless "
+                         "method's tokens differ from ar's (exit 1 if any)")
+    ap.add_argument("--exact", action="store_true",
+                    help="bf16 exact mode (AttnImpl(dense_rows)): row-count-independent dense kernels")
+    ap.add_argument("--peers", default="", help="comma-separated peers run first on the same prompts in their own "
+                                                 "process: hf (transformers, static cache), hf-compile "
+                                                 "(the same under torch.compile, mode reduce-overhead)")
+    ap.add_argument("--peer-timeout", type=float, default=600.0, help="seconds each peer may take")
+    ap.add_argument("--out", default="jspec-bench.json", help="result JSON (a .png plot is written beside it)")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="record a run from a tree that differs from its commit (marked dirty)")
+
+
+def _ints(text: str, flag: str) -> list:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise BenchError(f"{flag} needs positive integers, got {text!r}")
+    return vals
+
+
+def run(a) -> int:
+    from jspec import provenance
+    methods = [MethodSpec.parse(m) for m in a.methods.split(",") if m.strip()]
+    if not methods:
+        raise BenchError("--methods is empty")
+    lengths, batches = _ints(a.lengths, "--lengths"), _ints(a.batches, "--batches")
+    if a.new_tokens < 1:
+        raise BenchError(f"--new-tokens must be >= 1, got {a.new_tokens}")
+    if a.workload not in ("long-tasks", "continue") and not os.path.isdir(a.workload):
+        raise BenchError(f"unknown workload {a.workload!r}: long-tasks, continue, or a folder of prompt files")
+    if a.texts is not None and not os.path.isdir(a.texts):
+        raise BenchError(f"--texts {a.texts!r} is not a folder")
+    peers = [p for p in a.peers.split(",") if p.strip()]
+    if set(peers) - {"hf", "hf-compile"}:
+        raise BenchError(f"unknown peer(s) {sorted(set(peers) - {'hf', 'hf-compile'})}: hf, hf-compile")
+    if a.check_lossless:
+        bad = [m.label for m in methods if m.method not in LOSSLESS]
+        if bad:
+            raise BenchError(f"--check-lossless applies to lossless methods; not {bad}")
+        os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+    # Provenance first: a run that could not be recorded should not spend the GPU.
+    state = provenance.source_state()
+    if (state["dirty"] or not state["verified"]) and not a.allow_dirty:
+        raise BenchError(f"refusing to run: the source tree is {'dirty' if state['verified'] else 'not tied to a commit'}"
+                         f" (commit {state['commit'][:12]}, tree {state['tree_hash']}); commit first, pass "
+                         f"JSPEC_COMMIT=$(python -m jspec.provenance) on a machine without .git, or --allow-dirty")
+
+    import checkpoints
+    path = checkpoints.resolve(a.model, progress=True)
+    peer_records = []
+    if peers:   # before JAX allocates the GPU: the peers' prompts are built with the tokenizer alone
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(f"{path}/tokenizer")
+        texts = _Texts(tok, *text_sources(a.texts)) if a.workload in ("long-tasks", "continue") else None
+        shapes = {f"{L}x{B}": [p.tokens for p in make_prompts(tok, a.workload, L, B, texts, a.chat)]
+                  for L in lengths for B in batches}
+        ppath = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+        json.dump(shapes, open(ppath, "w"))
+        cfg = checkpoints.load_config(path)
+        stops = sorted(set(cfg.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))
+        peer_records = run_peers(peers, path, ppath, a.new_tokens, a.ignore_eos, stops, a.peer_timeout)
+
+    import jax
+    import jspec
+    from jspec.attention import AttnImpl
+    if a.check_lossless:
+        jax.config.update("jax_default_matmul_precision", "highest")
+    model = jspec.load(path, dtype="float32" if a.check_lossless else None)
+    impl = AttnImpl(dense_rows=max(batches) * 64) if a.exact else AttnImpl()
+    t0 = time.perf_counter()
+    records = bench(model, methods=methods, lengths=lengths, batches=batches, workload=a.workload,
+                    new=a.new_tokens, texts_dir=a.texts, ignore_eos=a.ignore_eos, reps=a.reps, chat=a.chat,
+                    lossless_check=a.check_lossless, impl=impl)
+    prov = provenance.record(allow_dirty=True)   # checked above; the record keeps dirty/verified as found
+    summary = summarize(records, peer_records)
+    if a.check_lossless:
+        summary["lossless"] = {m.label: min(r["rows_identical_to_ar"] for r in records if r["method"] == m.label)
+                               for m in methods}
+        summary["rows_checked_per_method"] = sum(batches) * len(lengths)
+    doc = dict(provenance=prov, settings=dict(methods=[m.label for m in methods], lengths=lengths, batches=batches,
+                                              workload=a.workload, texts=a.texts, new_tokens=a.new_tokens,
+                                              ignore_eos=a.ignore_eos, reps=a.reps, exact=a.exact,
+                                              check_lossless=a.check_lossless,
+                                              dtype=str(jax.tree.leaves(model.params)[0].dtype)),
+               wall_s=round(time.perf_counter() - t0, 1), records=records, peers=peer_records, summary=summary)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    png = plot(records, peer_records, os.path.splitext(a.out)[0] + ".png")
+    print(f"wrote {a.out}" + (f" and {png}" if png else ""))
+    _print_table(records, peer_records)
+    if a.check_lossless:
+        bad = [(r["method"], r["L"], r["B"], d) for r in records for d in r.get("differences", [])]
+        for m, L, B, d in bad:
+            print(f"DIFFERS {m} L={L} B={B} row {d['row']} at position {d['position']}: ar {d['ar_token']} vs "
+                  f"{d['token']}")
+        print("lossless check: " + ("every row identical to ar" if not bad else f"{len(bad)} rows differ"))
+        return 1 if bad else 0
+    return 0
+
+
+def _print_table(records, peers):
+    print(f"{'L':>6} {'B':>4} {'method':<28} {'tok/s':>10} {'x ar':>6} {'tau':>6} {'ident':>6} {'distinct':>8}")
+    for r in records:
+        print(f"{r['L']:>6} {r['B']:>4} {r['method']:<28} {r['tokens_per_s']:>10.1f} {r['speedup_vs_ar']:>6.2f} "
+              f"{r['tau']:>6.2f} {r['rows_identical_to_ar']:>6.2f} {r['distinct_token_share']:>8.2f}")
+    for p in peers:
+        if p.get("tokens_per_s"):
+            print(f"{p['L']:>6} {p['B']:>4} {'peer ' + p['peer']:<28} {p['tokens_per_s']:>10.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

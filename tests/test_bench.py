@@ -1,0 +1,133 @@
+"""`jspec bench` (the canonical benchmark) and the provenance every result file carries."""
+import json
+import subprocess
+
+import pytest
+
+from jspec import bench, provenance
+
+
+# ---------------------------------------------------------------------------------------------- provenance
+
+def _repo(tmp_path):
+    root = tmp_path / "repo"
+    (root / "jspec").mkdir(parents=True)
+    (root / "jspec" / "a.py").write_text("x = 1\n")
+    (root / "bench" / "results").mkdir(parents=True)
+    (root / "bench" / "results" / "r.json").write_text("{}")
+    (root / "pyproject.toml").write_text("[project]\n")
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], check=True, capture_output=True)
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c")
+    return root
+
+
+def test_provenance_ties_the_tree_to_its_commit(tmp_path):
+    root = _repo(tmp_path)
+    clean = provenance.source_state(root, env={})
+    assert clean["verified"] and not clean["dirty"] and len(clean["commit"]) == 40
+    assert clean["tree_hash"] == provenance.commit_hash("HEAD", root)
+    (root / "bench" / "results" / "r.json").write_text('{"new": 1}')   # results are not source
+    assert not provenance.source_state(root, env={})["dirty"]
+    (root / "jspec" / "a.py").write_text("x = 2\n")
+    dirty = provenance.source_state(root, env={})
+    assert dirty["dirty"] and dirty["tree_hash"] != clean["tree_hash"]
+    with pytest.raises(provenance.ProvenanceError, match="differ from commit"):
+        provenance.record(root=root, env={})
+    assert provenance.record(root=root, env={}, allow_dirty=True)["dirty"] is True
+
+
+def test_provenance_without_git_checks_the_commit_passed_in(tmp_path):
+    root = _repo(tmp_path)
+    tok = provenance.token(root)
+    sha, want = tok.split(":")
+    subprocess.run(["rm", "-rf", str(root / ".git")], check=True)
+    assert provenance.source_state(root, env={})["verified"] is False       # nothing to tie it to
+    with pytest.raises(provenance.ProvenanceError, match="no commit"):
+        provenance.record(root=root, env={})
+    ok = provenance.source_state(root, env={"JSPEC_COMMIT": tok})
+    assert ok == dict(commit=sha, verified=True, dirty=False, tree_hash=want)
+    (root / "jspec" / "a.py").write_text("x = 3\n")
+    assert provenance.source_state(root, env={"JSPEC_COMMIT": tok})["dirty"] is True
+    with pytest.raises(provenance.ProvenanceError, match="sha>:<source hash"):
+        provenance.source_state(root, env={"JSPEC_COMMIT": sha})
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+def test_method_specs_parse_and_refuse_bad_ones():
+    m = bench.MethodSpec.parse("vegas+lookup8:select_page=8,budget=256")
+    assert (m.method, dict(m.knobs)) == ("vegas", {"lookup": 8, "select_page": 8, "budget": 256})
+    assert dict(bench.MethodSpec.parse("longspec:tree_widths=2-4-4").knobs) == {"tree_widths": (2, 4, 4)}
+    for bad, msg in [("nope", "unknown method"), ("vegas:frob=1", "unknown knob"), ("vegas:gamma", "key=value"),
+                     ("ar:gamma=2", "no knobs"), ("vegas+lookupx", "positive N")]:
+        with pytest.raises(bench.BenchError, match=msg):
+            bench.MethodSpec.parse(bad)
+
+
+def test_differences_and_distinct_share():
+    ref = [[1, 2, 3], [4, 5, 6], [7, 8]]
+    got = [[1, 2, 3], [4, 9, 6], [7, 8, 0]]
+    assert bench.differences(ref, got) == [dict(row=1, position=1, ar_token=5, token=9),
+                                           dict(row=2, position=2, ar_token=None, token=0)]
+    assert bench.distinct_share([[1, 1, 1, 1], [1, 2, 3, 4]]) == pytest.approx((0.25 + 1.0) / 2)
+
+
+class _Chars:
+    """A tokenizer whose decode inverts encode (one id per character), without a chat template."""
+    eos_token_id = None
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+def test_long_tasks_are_ragged_mixed_and_within_length():
+    tok = _Chars()
+    texts = bench._Texts(tok, *bench.text_sources(None))
+    L, B = 2000, 8
+    rows = bench.long_tasks(tok, texts, L, B)
+    lens = [len(p.tokens) for p in rows]
+    assert all(0.9 * L - 16 <= n <= L for n in lens) and len(set(lens)) > B // 2
+    assert [p.kind for p in rows] == list(bench.KINDS) * 2
+    ask = [tok.decode(p.tokens[-200:]) for p in rows if p.kind == "summary"]
+    assert all(a.endswith(bench.SUMMARY + "\nAnswer:") for a in ask)   # no chat template: a plain suffix
+    questions = [tok.decode(p.tokens[-200:]) for p in rows if p.kind == "question"]
+    assert all("?" in q for q in questions)
+    assert bench.long_tasks(tok, texts, L, B)[3].tokens == rows[3].tokens    # the same prompts every call
+    fixed = bench.continuations(texts, 500, 4)
+    assert [len(p.tokens) for p in fixed] == [500] * 4 and fixed[0].tokens != fixed[2].tokens
+
+
+def test_bad_requests_are_errors_before_any_work(capsys):
+    for argv, msg in [(["--methods", "vegas:frob=1"], "unknown knob"), (["--batches", "0"], "positive"),
+                      (["--lengths", "x"], "integers"), (["--workload", "nowhere"], "unknown workload"),
+                      (["--peers", "vllm"], "unknown peer"), (["--new-tokens", "0"], ">= 1")]:
+        assert bench.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and msg in err
+
+
+# ---------------------------------------------------------------------------------------------- whole runs
+
+@pytest.mark.slow
+def test_bench_check_lossless_on_the_real_model(smollm2_ckpt, tmp_path, capsys):
+    """The benchmark end to end in float32: every lossless method's rows equal ar's, records and plot written."""
+    out = tmp_path / "b.json"
+    rc = bench.main(["--model", smollm2_ckpt, "--methods", "vegas+lookup2:budget=64,longspec", "--lengths", "160",
+                     "--batches", "3", "--new-tokens", "6", "--check-lossless", "--allow-dirty", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    doc = json.loads(out.read_text())
+    assert {r["method"] for r in doc["records"]} == {"ar", "vegas+lookup2:budget=64", "longspec"}
+    for r in doc["records"]:
+        assert r["differences"] == [] and r["rows_identical_to_ar"] == 1.0 and r["B"] == 3
+        assert 0 < r["distinct_token_share"] <= 1 and r["tokens_per_s"] > 0
+    assert doc["settings"]["dtype"] == "float32" and doc["summary"]["lossless"]["longspec"] == 1.0
+    for k in ("commit", "dirty", "tree_hash", "command", "device", "jax", "xla_flags", "matmul_precision"):
+        assert k in doc["provenance"]
+    assert doc["provenance"]["matmul_precision"] == "highest"
+    assert (tmp_path / "b.png").stat().st_size > 0 and "every row identical to ar" in printed
