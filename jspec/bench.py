@@ -260,14 +260,15 @@ def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: 
 
 def bench(model, *, methods: list, lengths: list, batches: list, workload: str = "long-tasks", new: int = 256,
           texts_dir: Optional[str] = None, ignore_eos: bool = False, reps: int = 1, chat: bool = False,
-          lossless_check: bool = False, impl=None, log=print, prompts_out: Optional[str] = None) -> list[dict]:
-    """Every method on every (L, B) shape, one prompt set per shape; records as the module docstring says."""
+          lossless_check: bool = False, impl=None, log=print, on_record=None) -> list[dict]:
+    """Every method on every (L, B) shape, one prompt set per shape; records as the module docstring says.
+    `on_record(records)` is called after each method (the CLI rewrites its JSON: a killed run keeps its rows)."""
     from jspec.attention import AttnImpl
     impl = AttnImpl() if impl is None else impl
     tok = model.tokenizer
     texts = _Texts(tok, *text_sources(texts_dir)) if workload in ("long-tasks", "continue") else None
-    if "ar" not in [m.method for m in methods]:
-        methods = [MethodSpec.parse("ar")] + list(methods)   # the reference for speedups and identity
+    # ar first: the reference for every speedup and identity of its shape
+    methods = [MethodSpec.parse("ar")] + [m for m in methods if m.method != "ar"]
     records = []
     for L in lengths:
         for B in batches:
@@ -294,19 +295,12 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                 if lossless_check:
                     rec["differences"] = diffs
                 records.append(rec)
+                if on_record is not None:
+                    on_record(records)
                 log(f"  {spec.label:<28} {rec['tokens_per_s']:>10.1f} tok/s  {rec['speedup_vs_ar']:>5.2f}x ar  "
                     f"tau {rec['tau']:<5} identical {rec['rows_identical_to_ar']:.2f}  distinct "
                     f"{rec['distinct_token_share']:.2f}  (warm-up {warm_s:.0f} s)")
-            if prompts_out is not None:
-                _save_prompts(prompts_out, L, B, ids)
     return records
-
-
-def _save_prompts(path, L, B, ids):
-    doc = json.load(open(path)) if os.path.exists(path) else {}
-    doc[f"{L}x{B}"] = ids
-    with open(path, "w") as f:
-        json.dump(doc, f)
 
 
 def summarize(records: list, peers: list) -> dict:
@@ -487,24 +481,29 @@ def run(a) -> int:
     model = jspec.load(path, dtype="float32" if a.check_lossless else None)
     impl = AttnImpl(dense_rows=max(batches) * 64) if a.exact else AttnImpl()
     t0 = time.perf_counter()
+    prov = provenance.record(allow_dirty=True)   # checked above; the record keeps dirty/verified as found
+    settings = dict(methods=[m.label for m in methods], lengths=lengths, batches=batches, workload=a.workload,
+                    texts=a.texts, new_tokens=a.new_tokens, ignore_eos=a.ignore_eos, reps=a.reps, exact=a.exact,
+                    check_lossless=a.check_lossless, dtype=str(jax.tree.leaves(model.params)[0].dtype))
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+
+    def write(records, complete=False):
+        summary = summarize(records, peer_records)
+        if a.check_lossless:
+            done = {r["method"] for r in records}
+            summary["lossless"] = {m.label: min(r["rows_identical_to_ar"] for r in records if r["method"] == m.label)
+                                   for m in methods if m.label in done}
+            summary["rows_checked_per_method"] = sum(batches) * len(lengths)
+        doc = dict(provenance=prov, settings=settings, complete=complete, wall_s=round(time.perf_counter() - t0, 1),
+                   records=records, peers=peer_records, summary=summary)
+        with open(a.out + ".part", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(a.out + ".part", a.out)   # never a half-written result file
+
     records = bench(model, methods=methods, lengths=lengths, batches=batches, workload=a.workload,
                     new=a.new_tokens, texts_dir=a.texts, ignore_eos=a.ignore_eos, reps=a.reps, chat=a.chat,
-                    lossless_check=a.check_lossless, impl=impl)
-    prov = provenance.record(allow_dirty=True)   # checked above; the record keeps dirty/verified as found
-    summary = summarize(records, peer_records)
-    if a.check_lossless:
-        summary["lossless"] = {m.label: min(r["rows_identical_to_ar"] for r in records if r["method"] == m.label)
-                               for m in methods}
-        summary["rows_checked_per_method"] = sum(batches) * len(lengths)
-    doc = dict(provenance=prov, settings=dict(methods=[m.label for m in methods], lengths=lengths, batches=batches,
-                                              workload=a.workload, texts=a.texts, new_tokens=a.new_tokens,
-                                              ignore_eos=a.ignore_eos, reps=a.reps, exact=a.exact,
-                                              check_lossless=a.check_lossless,
-                                              dtype=str(jax.tree.leaves(model.params)[0].dtype)),
-               wall_s=round(time.perf_counter() - t0, 1), records=records, peers=peer_records, summary=summary)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
+                    lossless_check=a.check_lossless, impl=impl, on_record=write)
+    write(records, complete=True)
     png = plot(records, peer_records, os.path.splitext(a.out)[0] + ".png")
     print(f"wrote {a.out}" + (f" and {png}" if png else ""))
     _print_table(records, peer_records)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `jspec bench` on a lent GPU machine (no .git, no network, the model staged by hand). From the repo root:
+#   bash bench/gpu.sh stage1   (carry .gpu/a1 .carry/heldout)   \  three back-to-back calls: the 98 MB GGUF
+#   bash bench/gpu.sh stage2   (carry .gpu/a2)                  |  travels in parts under the 64 MiB carry
+#   JSPEC_COMMIT=... bash bench/gpu.sh stage3 MODE... (carry .gpu/b .whl)  /  limit (see below for the parts)
+#   JSPEC_COMMIT=... bash bench/gpu.sh MODE...                  later calls while the machine is warm
+# JSPEC_COMMIT is `python -m jspec.provenance` run here on a clean checkout: results are refused without it.
+# Parts: `bash ../shared/gpu/prepare_smollm2.sh`, then split .gpu/a/model.part.aa into 25 MB halves
+# .gpu/a1/model.part.aa0 and .gpu/a2/model.part.aa1; .carry/heldout holds prose the bundled drafter never
+# saw in training (austen_emma.txt, austen_sensesensibility.txt).
+# Modes (each writes $OUT/bench_<mode>_h200.json + .png + _log.txt):
+#   b64 / b16 / b1   the headline grid at L=8000 for one batch size: ar, streaming, vegas (pages of 8),
+#                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
+#   lossless         --check-lossless (float32, highest matmul precision) at L=8000, B=64: every lossless method
+#   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=8000, B=64
+set -uo pipefail
+C=/root/jspec-cache
+export JSPEC_CACHE=$C PYTHONPATH=/tmp/site:. XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
+export JAX_COMPILATION_CACHE_DIR=$C/jax-cache TRANSFORMERS_VERBOSITY=error
+METHODS="ar,streaming,vegas:select_page=8,longspec,streaming+lookup8,vegas+lookup8:select_page=8,longspec+lookup8"
+LOSSLESS="ar,streaming,quest,vegas,vegas:select_page=8,longspec,vegas+lookup8:select_page=8,longspec+lookup8"
+run() {  # run NAME TIMEOUT ARGS...
+  local name=$1 t=$2; shift 2
+  timeout "$t" python3 -m jspec.bench --texts $C/corpus --out "$OUT/bench_${name}_h200.json" "$@" 2>&1 \
+    | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/bench_${name}_h200_log.txt" | tail -25
+}
+for mode in "$@"; do
+  case "$mode" in
+    stage1) mkdir -p $C/corpus && cp .gpu/a1/* $C/ && cp .carry/heldout/*.txt $C/corpus/ ;;
+    stage2) cp .gpu/a2/* $C/ ;;
+    stage3) cp .gpu/b/* $C/ && cat $C/model.part.* > $C/smollm2-135m.gguf && rm $C/model.part.* &&
+            python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl ;;
+    b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 8000 --batches "${mode#b}" \
+                  --peers "${PEERS:-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
+    lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 8000 --batches 64 --check-lossless ;;
+    continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
+                  --lengths 8000 --batches 64 ;;
+    *) echo "unknown mode $mode" >&2; exit 2 ;;
+  esac
+done
