@@ -9,10 +9,10 @@
 # .gpu/a1/model.part.aa0 and .gpu/a2/model.part.aa1; .carry/heldout holds prose the bundled drafter never
 # saw in training (austen_emma.txt, austen_sensesensibility.txt).
 # Modes (each writes $OUT/bench_<mode>_h200.json + .png + _log.txt):
-#   b64 / b16 / b1   the headline grid at L=8000 for one batch size: ar, streaming, vegas (pages of 8),
+#   b64 / b16 / b1   the headline grid at L=7936 (+ 256 new = 8192 positions) for one batch size: ar, streaming, vegas (pages of 8),
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
-#   lossless         --check-lossless (float32, highest matmul precision) at L=8000, B=64: every lossless method
-#   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=8000, B=64
+#   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
+#   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
 set -uo pipefail
 C=/root/jspec-cache
 export JSPEC_CACHE=$C PYTHONPATH=/tmp/site:. XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
@@ -30,11 +30,11 @@ for mode in "$@"; do
     stage2) cp .gpu/a2/* $C/ ;;
     stage3) cp .gpu/b/* $C/ && cat $C/model.part.* > $C/smollm2-135m.gguf && rm $C/model.part.* &&
             python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl ;;
-    b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 8000 --batches "${mode#b}" \
+    b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 7936 --batches "${mode#b}" \
                   --peers "${PEERS:-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
-    lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 8000 --batches 64 --check-lossless ;;
+    lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
-                  --lengths 8000 --batches 64 ;;
+                  --lengths 7936 --batches 64 ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done

@@ -373,7 +373,7 @@ def run_peers(peers: list, model_path: str, prompts_path: str, new: int, ignore_
                 raise RuntimeError((run.stderr or run.stdout).strip()[-600:])
             got = [{k: v for k, v in r.items() if k != "tokens"} for r in json.load(open(res))]
             for r in got:
-                log(f"  {peer} L={r.get('L')} B={r.get('B')}: {r.get('tokens_per_s')} tok/s")
+                log(f"  {peer} L={r.get('L')} B={r.get('B')}: {r.get('tokens_per_s') or r.get('error')} tok/s")
             out += got
         except Exception as e:   # a peer that cannot run is recorded as such; jspec's figures still stand
             log(f"  peer {peer} failed: {type(e).__name__}: {str(e)[-300:]}")
@@ -460,6 +460,10 @@ def run(a) -> int:
 
     import checkpoints
     path = checkpoints.resolve(a.model, progress=True)
+    max_pos = checkpoints.load_config(path).max_position
+    if max(lengths) + a.new_tokens > max_pos:
+        raise BenchError(f"--lengths {max(lengths)} + --new-tokens {a.new_tokens} exceed the model's context of "
+                         f"{max_pos} positions; use L <= {max_pos - a.new_tokens}")
     peer_records = []
     if peers:   # before JAX allocates the GPU: the peers' prompts are built with the tokenizer alone
         from transformers import AutoTokenizer

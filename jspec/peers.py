@@ -3,7 +3,8 @@
     python -m jspec.peers --peer hf|hf-compile --prompts P.json --model-dir CKPT --new 256 --out R.json
 
 `hf`: greedy `generate` with a static cache, torch.compile off (eager PyTorch, SDPA attention).
-`hf-compile`: the same with the model's forward under `torch.compile(mode="reduce-overhead")` (CUDA graphs).
+`hf-compile`: the same with the decode steps under `torch.compile(mode="reduce-overhead", fullgraph=True)` (CUDA
+graphs; transformers' own compile of a static-cache generate, the prefill stays eager).
 Prompts: {"LxB": [[token ids], ...]}; ragged rows are left-padded with an attention mask. The weights are the
 checkpoint's source (config.json "source": an HF folder, or a GGUF file that transformers dequantises and
 that is saved once as bf16 beside the checkpoint). Tokens/s counts, as jspec does, the new tokens after the
@@ -53,8 +54,10 @@ def main(argv=None):
 
     model = AutoModelForCausalLM.from_pretrained(_hf_dir(a.model_dir, torch, AutoModelForCausalLM),
                                                  dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
-    if a.peer == "hf-compile":
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    compiled = a.peer == "hf-compile"
+    if compiled:   # transformers compiles the decode steps (not the prefill) of a static-cache generate
+        from transformers import CompileConfig
+        model.generation_config.compile_config = CompileConfig(fullgraph=True, mode="reduce-overhead")
     stops = [int(x) for x in a.stop_tokens.split(",") if x.strip()]
     pad = stops[0] if stops else 0
     shapes = json.load(open(a.prompts))
@@ -69,7 +72,7 @@ def main(argv=None):
             mask[i, T - len(r):] = 1
         ids, mask = ids.cuda(), mask.cuda()
         kw = dict(attention_mask=mask, do_sample=False, cache_implementation="static", pad_token_id=pad,
-                  disable_compile=True)
+                  disable_compile=not compiled)
         kw.update(dict(eos_token_id=stops) if stops else dict(min_new_tokens=a.new, eos_token_id=None))
 
         def gen(n):
@@ -82,7 +85,7 @@ def main(argv=None):
             return out, time.perf_counter() - t
 
         rec = dict(peer=a.peer, L=L, B=B, torch=torch.__version__, transformers=transformers.__version__,
-                   device=torch.cuda.get_device_name(0))
+                   device=torch.cuda.get_device_name(0), compiled="decode steps, reduce-overhead" if compiled else "no")
         try:
             gen(a.new)                       # warm-up (compilation and CUDA graphs for hf-compile)
             gen(1)
