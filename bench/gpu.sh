@@ -15,10 +15,12 @@
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
 set -uo pipefail
 C=/root/jspec-cache
-export JSPEC_CACHE=$C PYTHONPATH=/tmp/site:. XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
+# XLA's default flags, as users run it (autotuning on: slower compiles; `--xla_gpu_autotune_level=0` alone
+# left XLA's Triton GEMMs untuned and made every method slower, bench_b64_autotune0_h200.json)
+export JSPEC_CACHE=$C PYTHONPATH=/tmp/site:. XLA_FLAGS="${XLA_FLAGS:-}"
 export JAX_COMPILATION_CACHE_DIR=$C/jax-cache TRANSFORMERS_VERBOSITY=error
-METHODS="ar,streaming,vegas:select_page=8,longspec,streaming+lookup8,vegas+lookup8:select_page=8,longspec+lookup8"
-LOSSLESS="ar,streaming,quest,vegas,vegas:select_page=8,longspec,vegas+lookup8:select_page=8,longspec+lookup8"
+METHODS="${METHODS:-ar,streaming,vegas:select_page=8,longspec,vegas+lookup8:select_page=8,longspec+lookup8}"
+LOSSLESS="${LOSSLESS:-ar,streaming,quest,vegas:select_page=8,longspec,vegas+lookup8:select_page=8,longspec+lookup8}"
 run() {  # run NAME TIMEOUT ARGS...
   local name=$1 t=$2; shift 2
   timeout "$t" python3 -m jspec.bench --texts $C/corpus --out "$OUT/bench_${name}_h200.json" "$@" 2>&1 \
@@ -31,7 +33,7 @@ for mode in "$@"; do
     stage3) cp .gpu/b/* $C/ && cat $C/model.part.* > $C/smollm2-135m.gguf && rm $C/model.part.* &&
             python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl ;;
     b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 7936 --batches "${mode#b}" \
-                  --peers "${PEERS:-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
+                  --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths 7936 --batches 64 ;;
