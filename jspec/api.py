@@ -15,7 +15,7 @@ from jspec import speculative  # the self-speculative methods; also makes `jspec
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 
-METHODS = ("ar", "streaming", "quest", "vegas", "longspec")
+METHODS = ("ar",) + speculative.METHODS   # what `method=` (and `jspec generate --method`) accepts
 
 
 @dataclasses.dataclass

@@ -150,6 +150,9 @@ def _numbers(text: str, kind, flag: str) -> list:
 
 def main(argv=None):
     import os
+
+    from jspec.api import METHODS
+    from jspec.speculative.config import METHODS as SPECULATIVE
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner: jspec needs none
     p = argparse.ArgumentParser(prog="jspec", description="Lossless long-context speculative decoding in JAX.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -166,7 +169,7 @@ def main(argv=None):
 
     g = sub.add_parser("generate", help="generate text (default: a long stdlib document, greedy)")
     g.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    g.add_argument("--method", default=None, help="ar | streaming | quest | vegas | longspec (default: --config's, else ar)")
+    g.add_argument("--method", default=None, help=f"{' | '.join(METHODS)} (default: --config's, else ar)")
     g.add_argument("--config", metavar="FILE", default=None,
                    help="speculative config JSON (e.g. from `jspec tune`): its method and knobs are the defaults, "
                         "flags given here override them")
@@ -228,8 +231,8 @@ def main(argv=None):
     u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma (streaming/quest/vegas), or "
                                     "LongSpec's draft-shape search -> a config JSON for `generate --config`")
     u.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    u.add_argument("--method", default="vegas", help="speculative method to tune: streaming, quest, vegas "
-                                                     "(default) or longspec")
+    u.add_argument("--method", default="vegas", help=f"speculative method to tune: {', '.join(SPECULATIVE)} "
+                                                     "(default vegas)")
     u.add_argument("--trees", default=None,
                    help="longspec: candidate widths per level, ';'-separated (all ones = a chain; default "
                         "1,1,1,1,1;2,2,2,2,2;2,2,2,2,2,2,2;2,4,4,4;2,4,4,4,4;4,4,4,4;4,8,8,8,8;"
