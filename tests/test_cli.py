@@ -117,6 +117,8 @@ def test_bad_model_dirs(capsys, tmp_path):
     assert "no config.json" in usage_error(capsys, ["generate", "--model", str(tmp_path / "empty"), "--prompt", "hi"])
     (tmp_path / "file").write_text("x")
     assert "unknown model" in usage_error(capsys, ["generate", "--model", str(tmp_path / "file"), "--prompt", "hi"])
+    err = usage_error(capsys, ["generate", "--model", "model.gguf", "--prompt", "hi"])
+    assert "convert it first: `jspec convert --from-gguf model.gguf" in err and "Create a directory" not in err
 
 
 def test_convert_needs_exactly_one_source(capsys, tmp_path):
