@@ -34,14 +34,15 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     import jspec
     from jspec import data
 
-    # Everything a user can get wrong is checked before the model loads, so a bad flag fails at once.
+    # Bad flag values are caught before the model loads, so they fail at once.
     # (--devices: jspec.load checks it against the devices present before reading any weight.)
     for flag, value in (("--batch", batch), ("--max-new-tokens", max_new_tokens), ("--prompt-tokens", prompt_tokens),
                         ("--slots", slots), ("--refill", refill)):
         if value is not None and value < 1:
             raise jspec.InputError(f"{flag} {value} must be >= 1")
     if slots is None and (refill is not None or staged):
-        raise jspec.InputError("refill and staged apply to continuous batching only: --refill and --staged need --slots N")
+        raise jspec.InputError("refill and staged apply to continuous batching only: --refill and --staged need "
+                               "--slots N")
     _check_sampling(temperature, top_k, top_p)
     # Knobs left unset (None) come from --config, else SpecConfig's defaults; explicit flags win over the file.
     knobs = {k: v for k, v in dict(gamma=gamma, budget=budget, ratio=ratio, sink=sink, page_size=page_size,
@@ -74,7 +75,6 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     impl = AttnImpl(dense_rows=64 * batch) if exact else AttnImpl()
     # The file and the flags go through as given (generate merges them as spec_config did above), so a
     # longspec run that names no shape drafts the drafter's tuned one for this batch.
-    knobs = knobs if method != "ar" else {}
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=config,
                          drafter=drafter, impl=impl, slots=slots, refill=refill,
