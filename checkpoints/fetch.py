@@ -51,10 +51,10 @@ def resolve(model: str, *, progress: bool = True) -> str:
     if os.path.isdir(model):
         return os.path.abspath(model)
     hint = (f"; convert it first: `jspec convert --from-gguf {model} --out DIR`" if model.endswith(".gguf")
-            else "")
+            else ". Create a directory with `jspec convert --from-hf DIR --out DIR` or "
+                 "`jspec convert --from-gguf FILE --out DIR`")
     raise CheckpointError(f"unknown model {model!r}: not a known name ({', '.join(KNOWN)}) and not a checkpoint "
-                          f"directory{hint}. Create a directory with `jspec convert --from-hf DIR --out DIR` or "
-                          f"`jspec convert --from-gguf FILE --out DIR`")
+                          f"directory{hint}")
 
 
 def _fetch(name: str, cache_dir: Optional[str], progress: bool) -> str:

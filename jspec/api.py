@@ -15,7 +15,7 @@ from jspec import speculative  # the self-speculative methods; also makes `jspec
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 
-METHODS = ("ar", "streaming", "quest", "vegas", "longspec")
+METHODS = ("ar",) + speculative.METHODS   # what `method=` (and `jspec generate --method`) accepts
 
 
 @dataclasses.dataclass
@@ -141,8 +141,15 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     if spec is None and slots is not None:   # plain decoding through serve's slots: the engine's "ar"
         spec = speculative.SpecConfig("ar")
     method = spec.method if spec is not None else "ar"
-    samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    try:
+        samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as e:
+        raise _gen.InputError(str(e)) from None
+    if max_new_tokens < 1:
+        raise _gen.InputError(f"max_new_tokens={max_new_tokens} must be >= 1")
     ids = encode(model, prompts, chat=chat)
+    if not ids:
+        raise _gen.InputError("no prompts given")
     lengths = np.array([len(p) for p in ids], np.int32)
     if method == "longspec":
         d = load_drafter_for(model, drafter)
@@ -219,11 +226,9 @@ def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[
     method = method or base.get("method", "ar")
     if method not in METHODS:
         raise _gen.InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-    if method == "ar":
-        # gamma/budget/ratio have CLI defaults and are ignored for "ar"; any other knob is a mistake.
-        extra = sorted(set(given) - {"gamma", "budget", "ratio"})
-        if extra:
-            raise _gen.InputError(f"options {extra} only apply to speculative methods, not 'ar'")
+    if method == "ar":   # a knob given for plain decoding would be silently ignored: a mistake
+        if given:
+            raise _gen.InputError(f"options {sorted(given)} only apply to speculative methods, not 'ar'")
         return None
     try:
         return speculative.SpecConfig(**{**base, **given, "method": method})

@@ -15,8 +15,9 @@ def cmd_fetch(*, model: str = "smollm2-135m", progress: bool = True) -> str:
 
 def cmd_convert(*, out: str, from_hf=None, from_gguf=None, dtype="bfloat16", overwrite=False, progress=True) -> str:
     import checkpoints
+    from jspec.decoding import InputError
     if (from_hf is None) == (from_gguf is None):
-        raise SystemExit("error: give exactly one of --from-hf DIR or --from-gguf FILE")
+        raise InputError("give exactly one of --from-hf DIR or --from-gguf FILE")
     path = checkpoints.convert(out=out, from_hf=from_hf, from_gguf=from_gguf, dtype=dtype, overwrite=overwrite,
                                progress=progress)
     print(f"converted -> {path}")
@@ -33,8 +34,17 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     import jspec
     from jspec import data
 
+    # Bad flag values are caught before the model loads, so they fail at once.
+    # (--devices: jspec.load checks it against the devices present before reading any weight.)
+    for flag, value in (("--batch", batch), ("--max-new-tokens", max_new_tokens), ("--prompt-tokens", prompt_tokens),
+                        ("--slots", slots), ("--refill", refill)):
+        if value is not None and value < 1:
+            raise jspec.InputError(f"{flag} {value} must be >= 1")
+    if slots is None and (refill is not None or staged):
+        raise jspec.InputError("refill and staged apply to continuous batching only: --refill and --staged need "
+                               "--slots N")
+    _check_sampling(temperature, top_k, top_p)
     # Knobs left unset (None) come from --config, else SpecConfig's defaults; explicit flags win over the file.
-    # Checked before the model loads, so a bad flag or config file fails at once.
     knobs = {k: v for k, v in dict(gamma=gamma, budget=budget, ratio=ratio, sink=sink, page_size=page_size,
                                    min_tokens=min_tokens, max_tokens=max_tokens, score_mode=score_mode,
                                    collect=collect, mode=mode, topk=topk, select_page=select_page, lookup=lookup,
@@ -42,18 +52,20 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     try:
         spec = jspec.api.spec_config(method, config, **knobs)
     except jspec.InputError as e:
-        if "only apply to speculative" in str(e):   # name the flag, not the keyword
-            bad = sorted(set(knobs) - {"gamma", "budget", "ratio"})[0]
-            flag = "widths" if bad == "tree_widths" else bad
-            raise jspec.InputError(f"--{flag.replace('_', '-')} only applies to speculative methods") from None
+        if "only apply to speculative" in str(e):   # name the flags, not the keywords
+            from jspec.speculative.config import METHODS
+            flags = ", ".join(f"--{'widths' if k == 'tree_widths' else k.replace('_', '-')}" for k in sorted(knobs))
+            raise jspec.InputError(f"{flags} only appl{'ies' if len(knobs) == 1 else 'y'} to the speculative "
+                                   f"methods ({', '.join(METHODS)}), not ar"
+                                   + ("" if method else " (the default without --method or --config)")) from None
         raise
     method = "ar" if spec is None else spec.method
     if drafter is not None and method != "longspec":
         raise jspec.InputError("--drafter only applies to --method longspec")
+    text = prompt if prompt is not None else None if prompt_file is None else _read_text(prompt_file, "--prompt-file")
 
     m = jspec.load(model) if devices == 1 else jspec.load(model, devices=devices)
-    if prompt is not None or prompt_file is not None:
-        text = prompt if prompt is not None else open(prompt_file, encoding="utf-8").read()
+    if text is not None:
         prompts = [text] * batch
     else:  # default: real long documents from the running Python's standard library
         prompts = data.long_prompts(m.tokenizer, prompt_tokens, count=batch)
@@ -63,7 +75,6 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     impl = AttnImpl(dense_rows=64 * batch) if exact else AttnImpl()
     # The file and the flags go through as given (generate merges them as spec_config did above), so a
     # longspec run that names no shape drafts the drafter's tuned one for this batch.
-    knobs = knobs if method != "ar" else {}
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=config,
                          drafter=drafter, impl=impl, slots=slots, refill=refill,
@@ -84,10 +95,40 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
 
 
 def _widths(text: str) -> tuple:
+    from jspec.decoding import InputError
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise SystemExit(f"error: --widths {text!r} must be comma-separated integers, e.g. 4,16,16,16,16") from None
+        raise InputError(f"--widths {text!r} must be comma-separated integers, e.g. 4,16,16,16,16") from None
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """SamplingConfig's checks, the error naming the flag (`--temperature -1.0 must be >= 0 ...`)."""
+    import re
+
+    from jspec.config import SamplingConfig
+    from jspec.decoding import InputError
+    try:
+        SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as e:
+        raise InputError(re.sub(r"\b(temperature|top_k|top_p)=", lambda f: f"--{f[1].replace('_', '-')} ", str(e))) \
+            from None
+
+
+def _read_text(path: str, flag: str) -> str:
+    """A UTF-8 text file's contents; a missing, unreadable or binary file is an InputError naming the flag."""
+    from jspec.decoding import InputError
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise InputError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{flag} {path} is a directory, not a text file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{flag} {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
 
 
 def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, prompt_tokens: int = 2048,
@@ -107,6 +148,16 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
         raise jspec.InputError("give --prompt-file or --prompt-dir, not both")
     if pages is not None and method != "vegas":
         raise jspec.InputError("--pages applies to --method vegas only")
+    from jspec.speculative.config import METHODS
+    if method not in METHODS:
+        raise jspec.InputError(f"--method {method!r} cannot be tuned; available: {', '.join(METHODS)}")
+    for flag, value in (("--batch", batch), ("--max-new-tokens", max_new_tokens), ("--prompt-tokens", prompt_tokens),
+                        ("--reps", reps), ("--jobs", jobs)):
+        if value is not None and value < 1:
+            raise jspec.InputError(f"{flag} {value} must be >= 1")
+    if prompt_dir is not None and not os.path.isdir(prompt_dir):
+        raise jspec.InputError(f"--prompt-dir {prompt_dir} is not a directory")
+    text = _read_text(prompt_file, "--prompt-file") if prompt_file is not None else None
     from jspec.attention import AttnImpl
     from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_PAGES, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
 
@@ -115,10 +166,8 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
     pages = _numbers(pages, int, "--pages") if pages is not None else DEFAULT_PAGES
     trees = [_numbers(t, int, "--trees") for t in trees.split(";") if t.strip()] if trees is not None else DEFAULT_TREES
     m = jspec.load(model) if devices == 1 else jspec.load(model, devices=devices)
-    prompts = None
-    if prompt_file is not None:
-        prompts = open(prompt_file, encoding="utf-8").read()
-    elif prompt_dir is not None:   # rows take turns over the folder's files (e.g. code and prose)
+    prompts = text
+    if prompt_dir is not None:   # rows take turns over the folder's files (e.g. code and prose)
         from jspec.data import dir_prompts
         prompts = dir_prompts(prompt_dir, m.tokenizer, prompt_tokens, batch)
     backend = {"auto": None, "xla": "xla", "pallas": "pallas"}[impl]
@@ -150,6 +199,9 @@ def _numbers(text: str, kind, flag: str) -> list:
 
 def main(argv=None):
     import os
+
+    from jspec.api import METHODS
+    from jspec.speculative.config import METHODS as SPECULATIVE
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner: jspec needs none
     p = argparse.ArgumentParser(prog="jspec", description="Lossless long-context speculative decoding in JAX.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -166,7 +218,7 @@ def main(argv=None):
 
     g = sub.add_parser("generate", help="generate text (default: a long stdlib document, greedy)")
     g.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    g.add_argument("--method", default=None, help="ar | streaming | quest | vegas | longspec (default: --config's, else ar)")
+    g.add_argument("--method", default=None, help=f"{' | '.join(METHODS)} (default: --config's, else ar)")
     g.add_argument("--config", metavar="FILE", default=None,
                    help="speculative config JSON (e.g. from `jspec tune`): its method and knobs are the defaults, "
                         "flags given here override them")
@@ -228,8 +280,8 @@ def main(argv=None):
     u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma (streaming/quest/vegas), or "
                                     "LongSpec's draft-shape search -> a config JSON for `generate --config`")
     u.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    u.add_argument("--method", default="vegas", help="speculative method to tune: streaming, quest, vegas "
-                                                     "(default) or longspec")
+    u.add_argument("--method", default="vegas", help=f"speculative method to tune: {', '.join(SPECULATIVE)} "
+                                                     "(default vegas)")
     u.add_argument("--trees", default=None,
                    help="longspec: candidate widths per level, ';'-separated (all ones = a chain; default "
                         "1,1,1,1,1;2,2,2,2,2;2,2,2,2,2,2,2;2,4,4,4;2,4,4,4,4;4,4,4,4;4,8,8,8,8;"

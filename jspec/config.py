@@ -111,12 +111,12 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"{self.temperature=} must be >= 0")
+        if not self.temperature >= 0:   # (NaN too)
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0: greedy)")
         if self.top_k < 0:
-            raise ValueError(f"{self.top_k=} must be >= 0")
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0: no top-k filter)")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"{self.top_p=} must be in (0, 1]")
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1: no top-p filter)")
 
     @property
     def greedy(self) -> bool:

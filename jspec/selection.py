@@ -142,7 +142,8 @@ def update_pages(mins, maxs, k_all, first_page, *, count: int, page: int):
     """Recompute the summaries of pages first_page .. first_page + count - 1 (per sequence) from k_all.
 
     After a round only pages touched by the newly accepted tokens can have completed, so a static
-    `count = ceil((gamma + 1) / page)` pages per round keeps the summaries exact at O(gamma) cost.
+    `count = ceil((depth + 1) / page)` pages per round (depth = gamma + lookup: the most tokens a round can
+    accept) keeps the summaries exact at O(depth) cost.
     """
     L, B, S, K, H = k_all.shape
     n_pages = mins.shape[2]

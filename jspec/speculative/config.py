@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from jspec.decoding import InputError
 
+# The speculative methods (the one list; jspec.api.METHODS adds plain "ar", tune tunes every one of these).
 METHODS = ("streaming", "quest", "vegas", "longspec")
 SCORE_MODES = ("weights", "logits")
 COLLECT = ("c2q", "all")

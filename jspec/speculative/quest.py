@@ -10,8 +10,9 @@ The draft step's queries exist only inside the layer loop, so the selection runs
 model.forward's `selector` hook: (layer, q) -> (idx, n_valid).
 
 Summaries: computed from the whole cache once after prefill, then after every round only the pages the
-newly accepted tokens can have completed are recomputed (ceil((gamma + 1) / page_size) pages per sequence).
-A page counts once all its slots are accepted (< lengths), so rolled-back junk is never summarised for good.
+newly accepted tokens can have completed are recomputed: ceil((depth + 1) / page_size) pages per sequence
+from the one holding the round's first slot, depth = gamma + lookup (see `update`). A page counts once all
+its slots are accepted (< lengths), so rolled-back junk is never summarised for good.
 """
 from __future__ import annotations
 
@@ -68,8 +69,14 @@ def draft_kwargs(spec, sel, j):
 
 
 def update(spec, state, cache, scores, point):
-    """`point` is the first slot of the verified block: pages from the one holding it may have completed."""
-    count = -(-(spec.gamma + 1) // spec.page_size)
+    """`point` is the first slot of the verified block: pages from the one holding it may have completed.
+
+    A round writes `last` and the accepted drafts at slots point .. point + n (n <= depth = gamma + lookup:
+    the lookup tokens can be accepted after the gamma drafts), so lengths go from point to point + n + 1.
+    The pages it completes are point // P .. (point + n + 1) // P - 1, at most
+    floor((point % P + depth + 1) / P) <= ceil((depth + 1) / P) of them (point % P <= P - 1): a block that
+    straddles a page boundary is covered by the ceiling, no extra page needed."""
+    count = -(-(spec.depth + 1) // spec.page_size)
     mins, maxs = selection.update_pages(state.mins, state.maxs, cache.k, point // spec.page_size, count=count,
                                         page=spec.page_size)
     return State(mins=mins, maxs=maxs)

@@ -56,7 +56,6 @@ DEFAULT_GAMMAS = (2, 3, 4, 6, 8)
 DEFAULT_PAGES = (1, 8, 16)   # vegas' stage 4: single slots (the paper's rule), then pages of 8 and 16
 GREEDY = SamplingConfig()
 
-TUNABLE = ("streaming", "quest", "vegas", "longspec")
 # LongSpec draft shapes tried by default: a chain, then trees from 14 to 104 nodes.
 # Candidates of the longspec shape search: the chain, narrow deep trees (the H200's best at B=16 for SmolLM2,
 # bench/results/longspec_sg_h200_deep_B16.json), mid-sized ones (best at B=1) and the public default.
@@ -216,8 +215,8 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     from jspec import decoding as gen
     from jspec.speculative import engine
 
-    if method not in TUNABLE:
-        raise InputError(f"unknown speculative method {method!r} for tuning; available: {', '.join(TUNABLE)}")
+    if method not in METHODS:
+        raise InputError(f"unknown speculative method {method!r} for tuning; available: {', '.join(METHODS)}")
     if reps < 1:
         raise InputError(f"reps={reps} must be >= 1")
     longspec = method == "longspec"
