@@ -1,0 +1,124 @@
+"""Whole engine rounds under sampling (the real code path: `speculative.init` + `speculative.run`, and
+`continuous.serve` with refills): the JOINT law of the 3 tokens after the prefill's token equals the exact
+target law, for a chain method (vegas), the tree method (longspec, a zero-block drafter), prompt-lookup tokens
+and served requests.
+
+Every round has depth 2 (vegas: gamma = 2, or gamma = 1 + one lookup token; longspec: widths (2, 2)) and each
+row generates 4 tokens: t0 comes from the prefill, so a first round that accepts everything emits exactly
+(t1, t2, t3) with t3 its bonus token, and `rounds == 1` marks those rows. Each test asserts that such rows are
+common, so the bonus token is observed (tests/test_sampling_power.py's docstring says why marginals of longer
+rounds never see it). The target is damped (the next token depends mostly on the current one), so sparse
+self-drafts and a zero-block drafter are close to it but not equal (rejections happen too).
+
+Reference: the target's processed distributions p(t0 | prompt) .. p(t3 | prompt, t0, t1, t2) from one forward
+over all V^3 continuations (no sampler involved); the law of (t1, t2, t3) sums t0 out. Statistic and power:
+tests/test_sampling_power.py (`chisquare_cells`, `power`); each test asserts its stated power.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import damped
+from jspec import kv_cache, model, sampling, speculative
+from jspec.config import ModelConfig, SamplingConfig
+from jspec.drafter import init_drafter_params
+from jspec.speculative import SpecConfig
+from jspec.speculative import continuous as sv
+from test_sampling_power import chisquare_cells, joint_counts, power
+
+V = 8
+P = 12
+NEW = 4
+SAMP = SamplingConfig(temperature=0.9, top_k=6, top_p=0.95)
+GREEDY = SamplingConfig()
+PASS = 1e-4
+EPS = 0.05        # total-variation distortion of the joint law the tests are powered against
+N_ENGINE = 16_000
+N_SERVE, SERVE_BATCH, SERVE_REFILL = 16_000, 256, 32   # insert unrolls `refill` rows: a small refill compiles fast
+SPECS = {"vegas": SpecConfig("vegas", gamma=2, budget=4),
+         "vegas-lookup": SpecConfig("vegas", gamma=1, budget=4, lookup=1),
+         "longspec": SpecConfig("longspec", tree_widths=(2, 2), window=8)}
+
+
+def tiny():
+    return ModelConfig(arch="llama", vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                       ffn_dim=48, rope_theta=10000.0, dtype="float32", max_position=64)
+
+
+# The target's own greedy text from token 0 (so lookup proposals are likely; test_lookup_tokens asserts that
+# they are accepted often, which is all the tests need from it).
+PROMPT = np.array([0, 6, 4, 6, 5, 5, 5, 5, 5, 5, 5, 5], np.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def setup():
+    """Damped target, zero-block drafter, the prompt and the exact law of (t1, t2, t3), flat [V^3]."""
+    cfg = tiny()
+    params = damped(model.init_params(cfg, jax.random.key(3), scale=0.2), 0.2)
+    drafter = init_drafter_params(cfg, jax.random.key(4), target_params=params, scale=0.0)
+    prompt = PROMPT
+
+    grid = np.stack(np.meshgrid(*[np.arange(V)] * 3, indexing="ij"), -1).reshape(-1, 3)     # (t0, t1, t2)
+    seqs = np.concatenate([np.tile(prompt, (len(grid), 1)), grid], 1)
+    cache = kv_cache.init(cfg, batch=len(grid), capacity=seqs.shape[1])
+    lg = jax.jit(model.forward, static_argnums=1)(params, cfg, jnp.asarray(seqs, jnp.int32), cache)[0]
+    p = np.asarray(sampling.process_logits(lg[:, P - 1:], SAMP), np.float64)                # [V^3, 4, V]
+    p = p.reshape(V, V, V, 4, V)
+    joint = (p[0, 0, 0, 0][:, None, None, None] * p[:, 0, 0, 1][:, :, None, None]
+             * p[:, :, 0, 2][:, :, :, None] * p[:, :, :, 3])                                 # [t0, t1, t2, t3]
+    return cfg, params, drafter, prompt, joint.sum(0).reshape(-1)
+
+
+
+def _check(first3, rounds, law, n):
+    """Chi-square of the (t1, t2, t3) counts; all-accepted first rounds must be >= 20% of the rows."""
+    assert (np.asarray(rounds) == 1).mean() > 0.2, np.bincount(rounds)
+    pvalue, df, forbidden = chisquare_cells(joint_counts(first3, V), law)
+    assert forbidden == 0
+    assert power(df, n, EPS, PASS) > 0.9, (df, power(df, n, EPS, PASS))
+    return pvalue
+
+
+def engine_rows(name, n, key):
+    cfg, params, drafter, prompt, _ = setup()
+    spec = SPECS[name]
+    drafter = drafter if spec.method == "longspec" else None
+    tokens = jnp.asarray(np.tile(prompt, (n, 1)))
+    state = speculative.init(params, cfg, spec, tokens, jnp.full((n,), P, jnp.int32),
+                             P + NEW + spec.capacity_margin(), drafter=drafter)
+    out, n_out, st = speculative.run(params, cfg, spec, SAMP, state, jax.random.key(key), NEW, drafter=drafter)
+    assert (np.asarray(n_out) == NEW).all()
+    return np.asarray(out)[:, 1:4], np.asarray(st.rounds)
+
+
+def served_rows(n, key, batch, refill, staged):
+    cfg, params, _, prompt, _ = setup()
+    spec = SPECS["vegas"]
+    outs, st = sv.serve(params, cfg, spec, SAMP, [prompt] * n, batch=batch, capacity=P + NEW + spec.capacity_margin(),
+                        max_new_tokens=NEW, refill=refill, staged=staged, seed=key)
+    assert all(len(o) == NEW for o in outs) and st.segments > n // batch
+    return np.stack(outs)[:, 1:4], np.asarray(st.rounds)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_engine_rounds_joint_law(name):
+    """vegas (chain of 2 sampled drafts), vegas-lookup (1 draft + 1 prompt-lookup token, a point-mass draft)
+    and longspec (tree (2, 2) drafted by a zero-block drafter): N rows of one prompt through speculative.run.
+    Power: asserted > 0.9 against any TV-0.05 distortion of the (t1, t2, t3) law (`power`)."""
+    law = setup()[-1]
+    first3, rounds = engine_rows(name, N_ENGINE, 11)
+    pvalue = _check(first3, rounds, law, N_ENGINE)
+    assert (rounds > 1).mean() > 0.1, np.bincount(rounds)      # rejections in the first round too
+    assert pvalue > PASS, pvalue
+
+
+def test_served_requests_joint_law():
+    """The same law for requests served through `continuous.serve` (vegas, slots refilled while others decode:
+    each refill prefills new rows, draws their first token with a fresh key and inserts them)."""
+    law = setup()[-1]
+    first3, rounds = served_rows(N_SERVE, 3, batch=SERVE_BATCH, refill=SERVE_REFILL, staged=False)
+    assert (rounds > 1).mean() > 0.05, np.bincount(rounds)
+    assert _check(first3, rounds, law, N_SERVE) > PASS
