@@ -33,7 +33,6 @@ V = 8
 P = 12
 NEW = 4
 SAMP = SamplingConfig(temperature=0.9, top_k=6, top_p=0.95)
-GREEDY = SamplingConfig()
 PASS = 1e-4
 EPS = 0.05        # total-variation distortion of the joint law the tests are powered against
 N_ENGINE = 16_000
@@ -49,8 +48,8 @@ def tiny():
                        ffn_dim=48, rope_theta=10000.0, dtype="float32", max_position=64)
 
 
-# The target's own greedy text from token 0 (so lookup proposals are likely; test_lookup_tokens asserts that
-# they are accepted often, which is all the tests need from it).
+# The target's own greedy text from token 0 (so lookup proposals are likely; the lookup cases assert that
+# all-accepted rounds are common, which is all the tests need from it).
 PROMPT = np.array([0, 6, 4, 6, 5, 5, 5, 5, 5, 5, 5, 5], np.int32)
 
 
@@ -71,7 +70,6 @@ def setup():
     joint = (p[0, 0, 0, 0][:, None, None, None] * p[:, 0, 0, 1][:, :, None, None]
              * p[:, :, 0, 2][:, :, :, None] * p[:, :, :, 3])                                 # [t0, t1, t2, t3]
     return cfg, params, drafter, prompt, p[0, 0, 0, 0], joint.sum(0).reshape(-1)
-
 
 
 def _check(first4, rounds, n):
