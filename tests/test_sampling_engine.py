@@ -130,3 +130,22 @@ def test_served_requests_joint_law():
     first4, rounds = served_rows(N_SERVE, 3, batch=SERVE_BATCH, refill=SERVE_REFILL, staged=False)
     assert (rounds > 1).mean() > 0.05, np.bincount(rounds)
     assert _check(first4, rounds, N_SERVE) > PASS
+
+
+def test_engine_negative_control_drafts_at_another_temperature(monkeypatch):
+    """Executed negative control at engine level (m2): engine.draft samples its drafts at T=1.0 while q (what
+    verification divides by) stays at SAMP's T=0.9. The same check must reject it (measured p ~ 1e-21).
+    Another row count than the positive tests' forces a fresh trace (jit caches by shape), and the mutant's
+    programs are dropped afterwards."""
+    from jspec.speculative import engine
+    from test_sampling_power import mutant
+
+    hot = SamplingConfig(temperature=1.0, top_k=SAMP.top_k, top_p=SAMP.top_p)
+    monkeypatch.setattr(engine, "draft", mutant(engine.draft, "d = sampling.draw(q, sub)",
+                                                "d = sampling.draw(sampling.process_logits(logits, HOT), sub)",
+                                                HOT=hot))
+    try:
+        first4, rounds = engine_rows("vegas", N_ENGINE - 1, 11)
+        assert _check(first4, rounds, N_ENGINE - 1) < 1e-6
+    finally:
+        jax.clear_caches()
