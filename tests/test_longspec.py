@@ -449,7 +449,9 @@ def test_chain_point_mass_draft_keeps_the_target_distribution(broken):
 def test_sampled_engine_rounds_follow_the_target_distribution(lookup):
     """Whole engine rounds, tree mode, a tiny model: the 2nd and 3rd emitted tokens (the first round's output
     and what follows it) have the target's marginals, computed exactly by enumeration; lookup=3: with a
-    prompt-lookup chain of 3 beside the tree (accepted past the tree's depth in some rounds)."""
+    prompt-lookup chain of 3 beside the tree (accepted past the tree's depth in some rounds).
+    Marginals only: the joint law with the all-accepted bonus token observed, and negative controls, are in
+    tests/test_sampling_engine.py and tests/test_sampling_power.py."""
     cfg = tiny(vocab_size=16, d_model=32, ffn_dim=48, rope_scaling=None)
     params = damped(model.init_params(cfg, jax.random.key(3), scale=0.6), 0.01)
     drafter = init_drafter_params(cfg, jax.random.key(4), target_params=params, scale=0.0)
