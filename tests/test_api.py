@@ -35,10 +35,14 @@ def test_chat_template_and_stop_token(smol):
 
 
 def test_sampling_is_seeded(smol):
+    """The same seed gives the same tokens; other seeds give other tokens (a sampler that ignored the seed,
+    or the temperature, would pass the first check alone)."""
     kw = dict(max_new_tokens=10, temperature=0.9, top_p=0.95, top_k=50)
     a = jspec.generate(smol, "Once upon a time", seed=1, **kw).tokens
     b = jspec.generate(smol, "Once upon a time", seed=1, **kw).tokens
     assert a == b
+    others = [jspec.generate(smol, "Once upon a time", seed=s, **kw).tokens for s in (2, 3)]
+    assert all(o != a for o in others) and others[0] != others[1], (a, others)
 
 
 def test_bad_inputs_give_clear_errors(smol):

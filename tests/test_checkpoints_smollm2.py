@@ -3,7 +3,6 @@ import os
 
 import ml_dtypes
 import numpy as np
-import pytest
 
 from checkpoints import load, load_config
 from checkpoints.fetch import KNOWN, cache_root, sha256_file
@@ -22,8 +21,9 @@ def test_fetch_default_is_verified_smollm2(smollm2_ckpt):
 
 def test_smollm2_weights_match_transformers_gguf_loader(smollm2_ckpt):
     """Spot check: layer 3's Q/K as transformers' own GGUF loader produces them (dequantize + reverse permute)."""
-    gguf = pytest.importorskip("gguf")
-    mod = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as mod
+
     params, cfg = load(smollm2_ckpt)
     reader = gguf.GGUFReader(os.path.join(cache_root(), "smollm2-135m.gguf"))
     tensors = {t.name: t for t in reader.tensors}
@@ -51,7 +51,6 @@ def test_smollm2_tokenizer_matches_transformers(smollm2_ckpt):
 
 
 def test_smollm2_chat_template_matches_transformers(smollm2_ckpt):
-    pytest.importorskip("jinja2")  # transformers renders chat templates with jinja2
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(os.path.join(smollm2_ckpt, "tokenizer"))

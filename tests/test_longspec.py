@@ -411,11 +411,15 @@ def test_tree_rejection_sampling_emits_the_target_distribution(negative, chain):
         assert pvalue > 1e-3, pvalue
 
 
-def test_chain_point_mass_draft_keeps_the_target_distribution():
+@pytest.mark.parametrize("broken", [False, True])
+def test_chain_point_mass_draft_keeps_the_target_distribution(broken):
     """One root child sampled from a peaked q, then a chain child with a fixed token (a point-mass draft): the
     first emitted token follows p. Here the residual left after the sampled child's rejection is spread, so
-    the chain's rule matters (a version that does not take the rejected token out of the residual emits token
-    1 with probability 0.39 instead of 0.25)."""
+    the chain's rule matters. broken: the executed negative control, accept_sampled with the rejected chain
+    token left in the residual (tests/test_sampling_power.py's mutant m4), which emits token 1 with
+    probability 0.39 instead of 0.25: rejected."""
+    from test_sampling_power import point_mass_kept_tree
+    accept = point_mass_kept_tree() if broken else tree_lib.accept_sampled
     N, V = 200_000, 5
     p0 = np.array([0.3, 0.25, 0.2, 0.15, 0.1])
     q0 = np.array([0.9, 0.025, 0.025, 0.025, 0.025])
@@ -428,20 +432,26 @@ def test_chain_point_mass_draft_keeps_the_target_distribution():
         tr, q, _ = tree_lib.grow((1,), SAMP, k_grow, jnp.zeros((N,), jnp.int32), run_level, None)
         tr = tree_lib.add_chain(tr, jnp.full((N, 1), 1, jnp.int32))
         logits = jnp.broadcast_to(jnp.log(jnp.asarray(p0, jnp.float32)), (N, 3, V))
-        best, n, nxt = tree_lib.accept_sampled((1,), tr, q, logits, SAMP, k_acc, chain=1)
+        best, n, nxt = accept((1,), tr, q, logits, SAMP, k_acc, chain=1)
         return jnp.where(n > 0, jnp.take_along_axis(tr.tokens, best[:, None], axis=1)[:, 0], nxt), best
 
     first, best = map(np.asarray, one_round(jax.random.key(1)))
     assert (best == 2).mean() > 0.1 and (best == 1).mean() > 0.1          # both drafts accepted at times
     counts = np.bincount(first, minlength=V)
-    assert stats.chisquare(counts, p0 * N).pvalue > 1e-3, counts / N
+    pvalue = stats.chisquare(counts, p0 * N).pvalue
+    if broken:
+        assert pvalue < 1e-6 and counts[1] / N > 0.35, counts / N
+    else:
+        assert pvalue > 1e-3, counts / N
 
 
 @pytest.mark.parametrize("lookup", [0, 3])
 def test_sampled_engine_rounds_follow_the_target_distribution(lookup):
     """Whole engine rounds, tree mode, a tiny model: the 2nd and 3rd emitted tokens (the first round's output
     and what follows it) have the target's marginals, computed exactly by enumeration; lookup=3: with a
-    prompt-lookup chain of 3 beside the tree (accepted past the tree's depth in some rounds)."""
+    prompt-lookup chain of 3 beside the tree (accepted past the tree's depth in some rounds).
+    Marginals only: the joint law with the all-accepted bonus token observed, and negative controls, are in
+    tests/test_sampling_engine.py and tests/test_sampling_power.py."""
     cfg = tiny(vocab_size=16, d_model=32, ffn_dim=48, rope_scaling=None)
     params = damped(model.init_params(cfg, jax.random.key(3), scale=0.6), 0.01)
     drafter = init_drafter_params(cfg, jax.random.key(4), target_params=params, scale=0.0)
@@ -510,8 +520,6 @@ def test_real_model_f32_greedy_identical(smollm2_ckpt, which):
 
     from jspec import data
 
-    if which != "random" and not os.path.isfile(os.path.join(DRAFTER_DIR, "config.json")):
-        pytest.skip(f"no trained drafter at {DRAFTER_DIR}")
     params, cfg = checkpoints.load(smollm2_ckpt)
     cfg = dataclasses.replace(cfg, dtype="float32")
     params = model.fuse_projections(jax.tree.map(lambda x: x.astype(jnp.float32), params), cfg)   # as jspec.load

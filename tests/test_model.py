@@ -179,18 +179,31 @@ def test_tree_branches_see_only_their_ancestors():
 
 
 def test_collected_scores_match_bruteforce_attention_weights():
+    """aux["scores"] (score_rows (0, 3) of a 4-token block after a 6-token prefix) equals, key by key, the
+    softmax attention weights computed here from the layer's q and k, summed over heads and the two rows."""
     cfg = tiny("llama", n_layers=1)
     params = _params(cfg, 19)
     toks = jax.random.randint(jax.random.key(8), (1, 10), 0, cfg.vocab_size)
     cache = kv_cache.init(cfg, batch=1, capacity=16)
     _, cache, _ = model.forward(params, cfg, toks[:, :6], cache)
     _, _, aux = model.forward(params, cfg, toks[:, 6:], cache, score_rows=(0, 3))
-    s = aux["scores"][0, 0]                                       # [S]
-    # Each row's softmax weights over the valid keys sum to 1 per head: total mass = heads x rows.
-    assert float(jnp.sum(s)) == pytest.approx(cfg.n_heads * 2, rel=1e-5)
-    assert float(jnp.abs(s[10:]).max()) == 0.0                  # nothing beyond the valid prefix
-    assert float(s[9]) == 0.0 or True
-    # Row 0 is query position 6: it cannot see keys 7..9; row 3 (position 9) sees all 10.
+    s = np.asarray(aux["scores"][0, 0])                           # [S]
+
+    # Brute force: q, k of all 10 positions, causal softmax per head, rows = query positions 6 and 9.
+    p = jax.tree.map(lambda w: w[0], params["layers"])
+    h = model.rms_norm(params["embed"][toks], p["attn_norm"], cfg.norm_eps)
+    pos = jnp.arange(10, dtype=jnp.int32)[None]
+    q = np.asarray(model.rope(jnp.einsum("BTD,DNH->BTNH", h, p["wq"]), pos, cfg), np.float64)[0]   # [10, N, H]
+    k = np.asarray(model.rope(jnp.einsum("BTD,DKH->BTKH", h, p["wk"]), pos, cfg), np.float64)[0]   # [10, K, H]
+    k = np.repeat(k, cfg.n_heads // cfg.n_kv_heads, axis=1)                                         # GQA: head n -> kv n // G
+    want = np.zeros(16)
+    for t in (6, 9):
+        logits = np.einsum("nh,snh->ns", q[t], k[:t + 1]) / np.sqrt(cfg.head_dim)                # [N, t+1]
+        w = np.exp(logits - logits.max(1, keepdims=True))
+        want[:t + 1] += (w / w.sum(1, keepdims=True)).sum(0)
+    np.testing.assert_allclose(s, want, rtol=1e-4, atol=1e-6)
+    assert s[9] > 0 and (s[10:] == 0).all()                      # row 3 sees its own key; nothing past the prefix
+    # Row 0 alone (query position 6): keys 7..9 are its future.
     _, _, aux0 = model.forward(params, cfg, toks[:, 6:], cache, score_rows=(0,))
     assert float(jnp.abs(aux0["scores"][0, 0, 7:]).max()) == 0.0
     assert float(jnp.sum(aux0["scores"][0, 0])) == pytest.approx(cfg.n_heads, rel=1e-5)

@@ -177,7 +177,9 @@ def test_sampled_rounds_follow_the_target_distribution(gamma, lookup):
     (1, 2): one draft then two prompt-lookup tokens (point-mass drafts), so the 3rd token is a lookup
     token's accept-or-residual outcome in every round that accepted the draft. There the model is damped (the
     next token leans on the current one) and the prompt is its own greedy text, so the lookup's proposals
-    are likely but not certain: both outcomes occur often."""
+    are likely but not certain: both outcomes occur often.
+    Marginals only, and with gamma = 3 a round's bonus token is never among the first 3 tokens: the joint law
+    with the bonus observed, and negative controls, are in tests/test_sampling_engine.py."""
     cfg = tiny("qwen3", vocab_size=16, d_model=32, ffn_dim=48)
     params = model.init_params(cfg, jax.random.key(3), scale=0.6)
     samp = SamplingConfig(temperature=0.9, top_k=12)
