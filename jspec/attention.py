@@ -138,7 +138,7 @@ def _full_xla(q, k, v, kv_len, tree_mask, score_rows, score_mode):
 
 
 def _attend_chunk(q, k, v, kv_len, start, T_total, tree_mask, score_rows, score_mode):
-    """Rows start .. start+Tc-1 of a T_total-query block; einsum letters per STYLE.md (G = N / K)."""
+    """Rows start .. start+Tc-1 of a T_total-query block; einsum letters as in docs/kernels.md (G = N / K)."""
     B, Tc, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K

@@ -42,7 +42,7 @@ class BlockSizes:
     block_m:    packed query rows (T*G) per program; the launch uses min(block_m, next_pow2(T*G), >=16).
     block_k:    keys (or gathered cache entries) per inner-loop step; power of two >= 16.
     num_splits: split-K programs per (batch, KV head, row block); None picks enough to fill the GPU.
-    num_warps, num_stages: Triton launch parameters (passed explicitly, see DESIGN.md section 3).
+    num_warps, num_stages: Triton launch parameters (passed explicitly: the defaults changed between jax releases).
     """
 
     block_m: int = 64
@@ -249,7 +249,7 @@ def combine_splits(o: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def merge_partials(o_a, lse_a, o_b, lse_b):
-    """Merges attention over two disjoint key sets: w = sigmoid(lse_a - lse_b) (DESIGN.md 3.3)."""
+    """Merges attention over two disjoint key sets: w = sigmoid(lse_a - lse_b) (docs/kernels.md)."""
     w = jax.nn.sigmoid(lse_a - lse_b)[..., None]
     return w * o_a + (1.0 - w) * o_b, jnp.logaddexp(lse_a, lse_b)
 

@@ -1,7 +1,7 @@
 """Flash attention over one layer's KV cache that also emits per-position scores for chosen query rows.
 
 Used for prefill (score_rows=()), decode (T=1) and speculative verification (T = gamma+1, Vegas'
-"Collect-2-Query" with score_rows=(0, T-1)); DESIGN.md section 3.1.
+"Collect-2-Query" with score_rows=(0, T-1)); docs/kernels.md.
 
 Supported: head_dim in (64, 128); GQA with N % K == 0 (tested G = 1, 3, 4, 8); bf16 / f16 / f32; any
 S >= 16 and T >= 1; kv_len[b] in [T, S]; cache slots >= kv_len may hold junk, even NaN (masked loads read

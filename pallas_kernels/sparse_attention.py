@@ -1,7 +1,7 @@
 """Attention over a per-sequence list of selected cache positions (page size 1) plus a causal tail.
 
 Used by the sparse drafts (Vegas, MagicDec streaming/quest) and by Dustin's sparse verification;
-DESIGN.md section 3.2. One index set per (batch, layer) is shared by all heads of the layer.
+docs/kernels.md. One index set per (batch, layer) is shared by all heads of the layer.
 
 Supported: head_dim in (64, 128); GQA with N % K == 0 (tested G = 1, 3, 4, 8); bf16 / f16 / f32; S >= 16;
 any M (index capacity) and small T (the packed T*G rows share one tile up to block_m rows).

@@ -23,7 +23,7 @@ class SpecConfig:
     method:     "streaming" (sink + recent window), "quest" (query-aware page selection), "vegas"
                 (top-k of the previous verification's attention scores) or "longspec" (a trained one-block
                 drafter over the target's last-layer KV cache, chain or tree drafts; the drafter's params go
-                to `init`/`prepare`/`run` as `drafter=`). DESIGN.md section 4. "ar": plain decoding through
+                to `init`/`prepare`/`run` as `drafter=`). docs/methods.md. "ar": plain decoding through
                 the same engine (gamma forced to 0: each round is one target step), for `serve`.
     gamma:      draft tokens per round (one full-attention verification each); longspec chain mode: the
                 chain length.

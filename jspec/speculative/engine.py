@@ -24,8 +24,8 @@ same, donating the state so the cache is updated in place). Each piece (`draft`,
 method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to split the round
 time offline.
 
-Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each (STYLE.md
-habit 7): the round is the same for all of them, only which KV entries a draft step reads differs.
+Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each: the round is
+the same for all of them, only which KV entries a draft step reads differs.
 
 LongSpec (method "longspec") drafts a tree with a separate trained drafter instead, so its round is its own
 (longspec.py: draft, tree verification, acceptance, compaction); everything around the round (emission, stop

@@ -1,4 +1,4 @@
-"""Vegas' three-stage tuning (DESIGN.md section 4): pick the budget ratio and gamma by measurement.
+"""Vegas' three-stage tuning (docs/methods.md): pick the budget ratio and gamma by measurement.
 
     1. ratio   at a fixed gamma, raise the ratio of the context each draft step keeps (SpecConfig.ratio,
                clamped to [min_tokens, budget]) step by step until the accepted tokens per verification (tau)
