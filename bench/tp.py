@@ -18,8 +18,9 @@ random tokens are prefilled in chunks (untimed), then
 Each is compiled and warmed up once, then timed `--reps` times from the same prefilled cache (rolled back to
 L: only the lengths move). tokens/s counts the B * (new - 1) tokens the loop produces (the first comes from
 the prefill logits), as `jspec bench` does. The roofline is the bytes one step must read (weights + B *
-mean context * KV bytes per token), spread over n GPUs at bench.common.HBM_BYTES_PER_S each. Random weights: vegas' acceptance
-(tau) is not that of a trained model; its tokens/s at a given tau is what this measures.
+mean context * KV bytes per token), spread over n GPUs at bench.common.HBM_BYTES_PER_S each. Random
+weights: vegas' acceptance (tau) is not that of a trained model; its tokens/s at a given tau is what this
+measures.
 """
 from __future__ import annotations
 

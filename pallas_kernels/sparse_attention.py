@@ -9,8 +9,8 @@ any M (index capacity) and small T (the packed T*G rows share one tile up to blo
 How: the kernel reads one flat list of `n_valid + T` entries: idx[:n_valid], then the tail positions
 kv_len-T .. kv_len-1, every position clamped into [0, S) so each gathered address is in bounds. The list is
 formed block by block inside the kernel from idx, n_valid and kv_len (building it in XLA cost one more
-launch per layer and draft step, in a step that is launch-bound). Entry e >= n_valid is tail token u = e - n_valid, visible to row t iff u <= t;
-entries before n_valid are visible to every row. The grid is (B, K, row blocks, splits): split-K
+launch per layer and draft step, in a step that is launch-bound). Entry e >= n_valid is tail token
+u = e - n_valid, visible to row t iff u <= t; entries before n_valid are visible to every row. The grid is (B, K, row blocks, splits): split-K
 over the list so a batch of one still fills the GPU, partial (out, lse) merged exactly afterwards.
 K/V rows are gathered with integer-array ref indexing (`k_ref[idx, :]`): each row is H contiguous
 elements, so a gather of block_k rows is block_k coalesced 128/256-byte reads.
