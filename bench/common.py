@@ -1,15 +1,22 @@
-"""Shared benchmark plumbing: timing, device facts, JSON records, model loading on the GPU machine."""
+"""Shared benchmark plumbing: timing, device facts, JSON records, parallel compiles, per-row acceptance, and
+reading a profiler trace into a per-kernel table (which kernels a jitted call launched, and their device time)."""
 from __future__ import annotations
 
+import glob
+import gzip
 import json
 import os
 import subprocess
+import tempfile
 import time
+from collections import defaultdict
 
 import jax
 import numpy as np
 
-HBM_BYTES_PER_S = 4.3e12   # measured device-to-device copy ceiling on the H200 (../shared/gpu/README.md)
+# The HBM ceiling rooflines are drawn against: an H200's device-to-device copy bandwidth, measured with a plain
+# array copy on the machines the committed results come from. Other GPUs: pass your own measurement.
+HBM_BYTES_PER_S = 4.3e12
 
 
 def device_name() -> str:
@@ -117,3 +124,63 @@ def row_stats(stats) -> dict:
     return dict(tau_rows=[round(float(x), 3) for x in taus], tau_row_min=round(float(taus.min()), 3),
                 rounds_mean=round(float(rounds.mean()), 2),
                 straggler=round(float(rounds.max() / max(rounds.mean(), 1e-9)), 3))
+
+
+# --- profiler traces ------------------------------------------------------------------------------------------
+
+# Kernel-name patterns -> coarse kinds, first match wins (Pallas kernels by name, cuBLAS/cutlass GEMMs, XLA's
+# fusions by what their names say they are).
+KINDS = (("flash_scores", "flash_scores"), ("tree_attention", "tree_attention"),
+         ("sparse_attention", "sparse_attention"), ("topk_select", "topk_select"), ("score_weights", "score_weights"),
+         ("gemm", "gemm"), ("nvjet", "gemm"), ("xmma", "gemm"), ("cutlass", "gemm"), ("memcpy", "memcpy"),
+         ("memset", "memcpy"), ("reduce", "reduce fusion"), ("scatter", "scatter fusion"),
+         ("dynamic_update_slice", "dus fusion"), ("fusion", "other fusion"))
+
+
+def kind(name: str) -> str:
+    """The coarse kind of a kernel name (KINDS), "other" when no pattern matches."""
+    low = name.lower()
+    return next((k for pat, k in KINDS if pat in low), "other")
+
+
+def read_trace(trace_dir: str):
+    """(events, {pid: process name}) of the newest Perfetto trace under trace_dir, or None."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)) or \
+        sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True))
+    if not files:
+        return None
+    with gzip.open(files[-1], "rt") as f:
+        tr = json.load(f)
+    events = tr["traceEvents"] if isinstance(tr, dict) else tr
+    pname = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    return events, pname
+
+
+def _is_device(process_name: str) -> bool:
+    return "GPU" in process_name.upper() and "HOST" not in process_name.upper()
+
+
+def kernel_table(trace, n_calls: int) -> dict:
+    """{kernel name: [total us, count]} per call, from the trace's device-side events."""
+    events, pname = trace
+    dev = {p for p, n in pname.items() if _is_device(n)}
+    tab = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in dev:
+            t = tab[e["name"]]
+            t[0] += float(e.get("dur", 0.0))
+            t[1] += 1
+    return {k: [v[0] / n_calls, v[1] / n_calls] for k, v in tab.items()}
+
+
+def trace_table(fn, n: int = 1) -> dict:
+    """Run `fn` n times under the JAX profiler; {kernel name: [us, count]} per call ({} without a GPU trace).
+    `fn` should block on its result (jax.block_until_ready) so every kernel lands inside the trace."""
+    d = tempfile.mkdtemp()
+    jax.profiler.start_trace(d, create_perfetto_trace=True)
+    for _ in range(n):
+        fn()
+    jax.profiler.stop_trace()
+    trace = read_trace(d)
+    return kernel_table(trace, n) if trace else {}

@@ -1,15 +1,18 @@
-"""What XLA put inside the kernels a profile names: the fused computations of named fusions, from a dump.
+"""Which model code became the fusions a profile names? Reads XLA's optimized-HLO dump and, for each named
+fusion, records what it computes.
 
-    XLA_FLAGS="$XLA_FLAGS --xla_dump_to=/tmp/dump --xla_dump_hlo_as_text" python3 bench/round_table.py ... \
-        --out $OUT/rounds.json
-    python3 bench/hlo_fusions.py /tmp/dump --rounds $OUT/rounds.json --method vegas-page16 --out $OUT/fusions.json
+    XLA_FLAGS="$XLA_FLAGS --xla_dump_to=/tmp/dump --xla_dump_hlo_as_text" PYTHONPATH=. python bench/profile_train.py \
+        --out $OUT/prof.json
+    python bench/hlo_fusions.py /tmp/dump --rounds $OUT/prof.json --out $OUT/fusions.json
+    python bench/hlo_fusions.py /tmp/dump --names loop_pad_fusion_29,fusion_3 --out $OUT/fusions.json
 
 A profiler trace names a kernel after its fusion instruction (`loop_pad_fusion_29` for `%loop_pad_fusion.29`),
 which says little about what it computes. This reads the optimized HLO (`*after_optimizations.txt`) of the
 module holding most of the asked names (the decode loop, not the prefill) and, for each name, records the
-instruction line, the opcodes of the computation it calls and the jax ops they came from, so a round table's
-"other fusion" time can be attributed to the model code that made it. Names come from --names or from a
-round_table record's top kernels.
+instruction line, the opcodes of the computation it calls and the jax ops they came from, so a profile's
+"other fusion" time can be attributed to the model code that made it. Names come from --names or from the
+`top_kernels` of a benchmark record (any JSON of `{"records": [...]}` whose records carry `top_kernels`, e.g.
+bench/profile_train.py's; `bench.common.trace_table` makes such tables for any jitted call).
 """
 from __future__ import annotations
 
@@ -90,18 +93,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dump_dir")
     ap.add_argument("--names", default="", help="comma-separated kernel names as a trace shows them")
-    ap.add_argument("--rounds", help="a bench/round_table.py output: take the method's top kernels")
+    ap.add_argument("--rounds", help="a benchmark JSON whose records have top_kernels: take their fusions")
     ap.add_argument("--method", default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     names = [n for n in a.names.split(",") if n]
     if a.rounds:
         if not os.path.isfile(a.rounds):
-            raise SystemExit(f"error: no round table at {a.rounds!r} (did bench/round_table.py fail?)")
+            raise SystemExit(f"error: no round table at {a.rounds!r} (did the profiling run fail?)")
         with open(a.rounds) as f:
             recs = json.load(f)["records"]
         for r in recs:
-            if a.method in (None, r["method"]):
+            if a.method in (None, r.get("method")):
                 names += [k for k, _, _ in r.get("top_kernels", []) if "fusion" in k and k not in names]
     if not names:
         raise SystemExit("error: no kernel names (give --names or --rounds with top_kernels)")

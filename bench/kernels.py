@@ -1,6 +1,7 @@
-"""Attention-kernel microbenchmarks on one GPU (DESIGN.md section 3 targets).
+"""How fast are the Pallas attention kernels on one GPU, against cuDNN and XLA? (docs/kernels.md, docs/performance.md)
 
-    PYTHONPATH=. python bench/kernels.py --out $OUT/kernels_h200.json [--quick] [--reps 5]
+    PYTHONPATH=. python bench/kernels.py --out bench/results/kernels_h200.json [--quick] [--reps 5] [--time-budget S]
+    python bench/plot_kernels.py bench/results/kernels_h200.json
 
 Shapes: SmolLM2-135M (N=9, K=3, H=64) and Llama-3-8B (N=32, K=8, H=128) attention layers, bf16 caches
 of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.

@@ -1,4 +1,5 @@
-"""Where a drafter training step goes: wall time per step and, from a profiler trace, device time by kernel.
+"""Where does a drafter training step's time go? Wall time per step and, from a profiler trace, device time by
+kernel (bench.common.trace_table).
 
     PYTHONPATH=. python bench/profile_train.py --out $OUT/prof_train_h200.json [--batch 16 --seq-len 2048]
         [--objective distill] [--attn pallas|xla] [--steps 6]
@@ -20,9 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import base_record, write_json  # noqa: E402
-from bench.round_table import kind  # noqa: E402
-from bench.staged_hlo import _trace_table  # noqa: E402
+from bench.common import base_record, kind, trace_table, write_json  # noqa: E402
 import jspec  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
 from jspec.drafter import train as T  # noqa: E402
@@ -70,7 +69,7 @@ def main():
         met = step()
     jax.block_until_ready(met)
     step_s = (time.perf_counter() - t0) / a.steps
-    tab = _trace_table(lambda: jax.block_until_ready(step()))
+    tab = trace_table(lambda: jax.block_until_ready(step()))
     kinds = {}
     for k, (us, n) in tab.items():
         e = kinds.setdefault(kind(k), [0.0, 0.0])

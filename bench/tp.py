@@ -1,4 +1,5 @@
-"""Tensor-parallel decoding on 1, 2 and 4 GPUs of one host: a Llama-3-8B-shaped model with random weights.
+"""How does decoding scale over the GPUs of one host? Tensor-parallel ar and vegas on 1, 2 and 4 GPUs, a
+Llama-3-8B-shaped model with random weights.
 
     PYTHONPATH=. python bench/tp.py --out bench/results/tp_h200.json [--devices 1,2,4] [--impl auto]
     # compile only: XLA's per-device memory analysis of ar / vegas programs + their optimized HLO (.txt.gz)
@@ -16,9 +17,10 @@ random tokens are prefilled in chunks (untimed), then
 
 Each is compiled and warmed up once, then timed `--reps` times from the same prefilled cache (rolled back to
 L: only the lengths move). tokens/s counts the B * (new - 1) tokens the loop produces (the first comes from
-the prefill logits), as bench/decode.py does. The roofline is the bytes one step must read (weights + B *
-mean context * KV bytes per token), spread over n GPUs at 4.3 TB/s each. Random weights: vegas' acceptance
-(tau) is not that of a trained model; its tokens/s at a given tau is what this measures.
+the prefill logits), as `jspec bench` does. The roofline is the bytes one step must read (weights + B *
+mean context * KV bytes per token), spread over n GPUs at bench.common.HBM_BYTES_PER_S each. Random
+weights: vegas' acceptance (tau) is not that of a trained model; its tokens/s at a given tau is what this
+measures.
 """
 from __future__ import annotations
 

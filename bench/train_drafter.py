@@ -1,4 +1,6 @@
-"""Train the LongSpec drafter for SmolLM2-135M within a wall-clock budget (~10 minutes on one H200).
+"""How far does LongSpec drafter training get in a wall-clock budget? Trains the drafter for SmolLM2-135M
+(the bundled one took ~11 minutes of script time on one H200: docs/performance.md) and records tokens/s, loss
+and the exported block.
 
     PYTHONPATH=. python bench/train_drafter.py --out $OUT/drafter_smollm2 [--data DIR] [--budget-s 600]
         [--no-anchor-offset] [--no-noisy-xattn] [--steps N] [--objective ce|distill] [--export-every N]

@@ -1,7 +1,8 @@
-"""Write a drafter's tuned.json (the draft shape `jspec.generate` uses per batch size) from `jspec tune --method
-longspec` result files, e.g. the committed H200 runs:
+"""Which draft shape should a drafter use at each batch size? Writes a drafter's tuned.json (the shape
+`jspec.generate` drafts per batch size) from `jspec tune --method longspec` result files, e.g. the committed runs
+the bundled drafter's file was written from:
 
-    python bench/tuned_shapes.py checkpoints/drafters/smollm2-135m bench/results/tune_longspec_B*_h200.json
+    python bench/tuned_shapes.py checkpoints/drafters/smollm2-135m bench/results/tune_longspec_mixed_B*_h200.json
 
 Each file's chosen shape is recorded at the batch it was measured at, with its measurements and the file's
 name (`jspec tune --save-shape` does the same for one run on the machine it ran on).

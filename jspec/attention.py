@@ -41,9 +41,11 @@ class AttnImpl:
     interpret: bool = False
     mesh: Optional[Mesh] = None
     # Steps of at most this many tokens (B*T) run each layer's dense part as fused Pallas launches
-    # (pallas_kernels/dense.py) when the attention kernels are in use; 0 (default) keeps XLA's GEMMs. Opt-in:
-    # 6-8% slower than cuBLAS on the H200 (bench/results/dense_ab_h200.json), but their rounding does not depend
-    # on the step's row count, so with dense_rows >= B*(gamma+1) a lossless method's bf16 greedy output equals ar's.
+    # (pallas_kernels/dense.py) when the attention kernels are in use; 0 (default) keeps XLA's GEMMs. Opt-in
+    # because they are slower than cuBLAS in whole loops (docs/performance.md), but their rounding does not depend
+    # on the step's row count, so with dense_rows >= B*(gamma+1) a one-token step and a verification round the
+    # same way: a self-speculative method's bf16 greedy output then equals ar's as far as measured (gamma <= 4,
+    # no lookup tokens; larger blocks take other flash tiles, docs/methods.md "Exactness").
     dense_rows: int = 0
 
     def __post_init__(self):
@@ -136,7 +138,7 @@ def _full_xla(q, k, v, kv_len, tree_mask, score_rows, score_mode):
 
 
 def _attend_chunk(q, k, v, kv_len, start, T_total, tree_mask, score_rows, score_mode):
-    """Rows start .. start+Tc-1 of a T_total-query block; einsum letters per STYLE.md (G = N / K)."""
+    """Rows start .. start+Tc-1 of a T_total-query block; einsum letters as in docs/kernels.md (G = N / K)."""
     B, Tc, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K

@@ -2,9 +2,9 @@
 
 The same call serves prefill (T = prompt), one-token decode (T = 1), chain verification (T = gamma + 1),
 tree verification (`tree=`) and sparse self-drafting (`sparse=`): only the attention inputs differ.
-Parameters are stacked on a leading layer axis, but the layer loop is unrolled in Python, for a measured
-reason (bench/results/ar_decode_h200_xla.json, README "Performance notes"): a `lax.scan` over layers is a
-device while-loop whose per-iteration overhead dominated small-batch decoding on the H200. The Pallas
+Parameters are stacked on a leading layer axis, but the layer loop is unrolled in Python: a `lax.scan` over
+layers is a device while-loop whose per-iteration overhead dominated small-batch decoding when measured
+(docs/performance.md). The Pallas
 kernels read layer i's K/V straight out of the stacked cache (no per-layer copy for the custom call); the
 layer index reaches them as a runtime operand, so all layers share one compiled kernel per shape. The
 cache is updated in place by scatter into the stacked buffers (donated by the jitted callers).
@@ -77,7 +77,7 @@ def fuse_projections(params, cfg: ModelConfig):
     wqkv [L, D, K, G+2, H]: for each KV head its G query heads (query head n = k*G + g, as GQA reads them),
     then its k and v heads; w_gu [L, D, 2, F]: gate, up. Each pair is then one GEMM per layer; with separate
     weights XLA merges the GEMMs itself but concatenates the weights on every call (two extra kernels per
-    layer in the H200 profile, bench/results/prof_draft_h200.json). Both layouts shard over tp on their K / F
+    layer; docs/performance.md). Both layouts shard over tp on their K / F
     axis (jspec/sharding.py). Idempotent; `forward` takes either layout.
     """
     lp = dict(params["layers"])

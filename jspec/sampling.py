@@ -111,9 +111,11 @@ def draw(probs: jax.Array, key: jax.Array) -> jax.Array:
 def verify_greedy(draft_tokens: jax.Array, target_logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Greedy verification: accept the longest prefix where the draft equals the target's argmax.
 
-    The output is token-identical to plain greedy decoding of the target: every accepted token is the
-    target's argmax given the (accepted) prefix, and the next token is the argmax at the first mismatch, or
-    the bonus position g when all g drafts match.
+    Every accepted token is the target's argmax given the (accepted) prefix, and the next token is the argmax
+    at the first mismatch, or the bonus position g when all g drafts match: the output is plain greedy
+    decoding's whenever `target_logits` have the argmaxes a one-token step would compute. In exact arithmetic
+    (float32 at HIGHEST matmul precision) they do; in bf16 a (g+1)-token forward can round a near-tie the
+    other way (docs/methods.md, "Exactness").
 
     Args:
       draft_tokens: int32 [B, g].

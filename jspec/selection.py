@@ -6,7 +6,7 @@ Every policy returns a compact index list per (layer,) sequence: `idx[..., M]` i
 `n_valid` dynamic, so selections change every round without recompiling.
 
     streaming      sink first positions + the most recent ones (MagicDec-style, query-independent)
-    topk_before    top-k of aggregated verification scores before a point (Vegas, DESIGN.md section 4)
+    topk_before    top-k of aggregated verification scores before a point (Vegas, docs/methods.md)
     page_minmax / update_pages / page_scores / quest_select   Quest: per-page min/max keys, query-aware
     with_tail      append every position from the selection point up to the draft token (always kept)
 """

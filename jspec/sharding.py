@@ -1,4 +1,4 @@
-"""Tensor parallelism over the GPUs of one host (DESIGN.md section 6): a 1-D device mesh, heads sharded.
+"""Tensor parallelism over the GPUs of one host (docs/architecture.md): a 1-D device mesh, heads sharded.
 
 Only the *inputs* are placed; the jitted prefill/decode/speculative functions run unchanged and XLA's SPMD
 partitioner inserts the collectives (Megatron-style: one all-reduce after `wo` and one after `w_down` per

@@ -29,8 +29,10 @@ LN2 = math.log(2.0)
 # Finite start for the running max: with masked logits at -inf, exp2(m_prev - m_new) stays NaN-free
 # even for a row that has seen no valid key yet (its l stays 0 and `finalize` reports lse = -inf).
 M_INIT = -1e30
+# Hardware facts of the GPU the defaults were chosen on (an H200, sm_90), used where the device cannot be asked:
+# interpret mode and lowering for an abstract GPU.
 H200_SMS = 132
-SMEM_PER_SM = 228 * 1024   # H200 (sm_90) shared memory per SM
+SMEM_PER_SM = 228 * 1024   # shared memory per SM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,7 @@ class BlockSizes:
     block_m:    packed query rows (T*G) per program; the launch uses min(block_m, next_pow2(T*G), >=16).
     block_k:    keys (or gathered cache entries) per inner-loop step; power of two >= 16.
     num_splits: split-K programs per (batch, KV head, row block); None picks enough to fill the GPU.
-    num_warps, num_stages: Triton launch parameters (passed explicitly, see DESIGN.md section 3).
+    num_warps, num_stages: Triton launch parameters (passed explicitly: the defaults changed between jax releases).
     """
 
     block_m: int = 64
@@ -99,9 +101,9 @@ def split_plan(num_blocks: int, programs: int, num_splits: int | None, min_block
     least `min_blocks` blocks per split so the partial outputs stay cheap to combine, then steps down while
     the launch spills past a wave of `resident` programs per SM into a badly filled last wave (< 90% of
     whole waves busy). At SmolLM2's B=64, L=8000 decode (192 programs, 3 resident per SM) that turns 3
-    splits (1.45 waves) into 2 (one wave): 26% faster (bench/results/flash_sweep_h200.json). Llama-3-8B at
-    B=16 keeps its 5 splits (1 resident, 4.85 waves, 97% busy): fitting one wave instead (1 split) was 26-33%
-    slower at T=5 (bench/results/kernels_wave_h200.json).
+    splits (1.45 waves) into 2 (one wave). Llama-3-8B at B=16 keeps its 5 splits (1 resident, 4.85 waves,
+    97% busy): a rule that always fitted one wave starved such launches of parallelism. Measurements of both
+    cases: docs/performance.md ("Split-K by waves").
     """
     if num_splits is None:
         num_splits = min(cdiv(4 * num_sms(), max(programs, 1)), max(1, num_blocks // min_blocks))
@@ -144,8 +146,8 @@ def as_stacked(k, v, layer):
 
     The layer is a runtime operand, not a constant of the kernel: the launches of all L layers are then
     one kernel (one trace, one Triton compile, one entry in XLA's kernel cache) that reads layer i's K/V
-    in place, instead of L kernels differing only in a baked-in offset (about a minute of compile time
-    per new shape on the H200 for a 30-layer model).
+    in place, instead of L kernels differing only in a baked-in offset (L Triton compiles per new shape,
+    which dominated compile time for a 30-layer model).
     """
     if layer is None:
         return k[None], v[None], jnp.zeros((1,), jnp.int32)
@@ -247,7 +249,7 @@ def combine_splits(o: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def merge_partials(o_a, lse_a, o_b, lse_b):
-    """Merges attention over two disjoint key sets: w = sigmoid(lse_a - lse_b) (DESIGN.md 3.3)."""
+    """Merges attention over two disjoint key sets: w = sigmoid(lse_a - lse_b) (docs/kernels.md)."""
     w = jax.nn.sigmoid(lse_a - lse_b)[..., None]
     return w * o_a + (1.0 - w) * o_b, jnp.logaddexp(lse_a, lse_b)
 

@@ -1,9 +1,9 @@
 """Decode-sized dense layers as single launches: a layer's GEMMs with their norms, RoPE, SwiGLU and residual adds.
 
 At decode sizes (M = B*T tokens <= a few hundred) a transformer layer's dense part is launch-latency-bound,
-not bandwidth-bound: at SmolLM2's B=64 draft step the four cuBLAS GEMMs read ~7 MB of weights (~2 us of
-HBM time) but take ~16 us, and the norms, RoPE, slices and residual adds around them are ~8 more launches
-of 1-3 us each (bench/results/prof_wave_h200.json). Here each GEMM carries its neighbours:
+not bandwidth-bound: at SmolLM2's B=64 draft step the four GEMMs read ~7 MB of weights, a few microseconds
+of HBM time, but each is a launch of its own, and the norms, RoPE, slices and residual adds around them are
+~8 more small launches (profile in docs/performance.md). Here each GEMM carries its neighbours:
 
     qkv_rope(x, norm_w, wqkv)    RMSNorm -> x @ wqkv -> RoPE on the q and k heads      [M, K*(G+2)*H]
     glu(x, norm_w, w_gu)         RMSNorm -> silu(x @ w_gate) * (x @ w_up)              [M, F]
@@ -18,13 +18,13 @@ for qkv_rope, so RoPE's two halves are two [.., H/2] accumulators) and walks the
 power-of-two pieces (576 -> 512 + 64), unrolled. RMSNorm scales each piece by the row's rsqrt(mean square),
 taken over the pieces first.
 
-Measured on the H200 at L=8000, B=64 (bench/results/dense_ab_h200.json; per-launch sweep in
-dense_sweep_h200.json): in whole generation loops no launch config beats cuBLAS + XLA's fusions (best: ar
-15,420 vs 16,372 tok/s, -6%), so the model uses them only on request (AttnImpl.dense_rows). What they offer
-instead: a row's result does not depend on how many rows the launch has (fixed tiles, block_m fixed by M's
-divisibility alone, fixed contraction order), unlike cuBLAS, whose algorithm and so rounding change with M.
-A one-token ar step and a (gamma+1)-token verification then compute the same bf16 logits, and vegas'
-greedy output equalled ar's on every token (0.81 of tokens with cuBLAS) at 7.8% lower vegas throughput.
+In whole generation loops no launch config measured beats cuBLAS + XLA's fusions (docs/performance.md), so
+the model uses them only on request (AttnImpl.dense_rows). What they offer instead: a row's result does not
+depend on how many rows the launch has (fixed tiles, block_m fixed by M's divisibility alone, fixed
+contraction order), unlike cuBLAS, whose algorithm and so rounding change with M. A one-token ar step and a
+(gamma+1)-token verification then compute the same bf16 dense outputs; where the attention tiles match too
+(verifications of <= 16 packed rows T*G: gamma <= 4 for SmolLM2, docs/methods.md "Exactness"), vegas' greedy
+output equalled ar's on every measured token.
 
 Numerics follow jspec.model's XLA path: the GEMM result is rounded to the activation dtype before RoPE /
 SwiGLU / the residual add (as XLA's einsum output is), elementwise steps run in f32 and round per step.
@@ -43,9 +43,9 @@ from . import _common as C
 
 MODES = ("qkv_rope", "glu", "residual")
 # (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (the largest power of
-# two <= it dividing M is used). Chosen in whole generation loops on the H200 at L=8000, B=64
-# (bench/results/dense_ab_h200.json, "m16"): 16-row programs were 7-15% faster than 64-row ones (which held a
-# [64, D] activation tile each), pieces of <= 256 the fastest with 5-token verifications in the launch too.
+# two <= it dividing M is used). Chosen in whole generation loops (docs/performance.md, the "m16" variant):
+# 16-row programs beat 64-row ones, which hold a [64, D] activation tile each; pieces of <= 256 were the
+# fastest with 5-token verifications in the launch too.
 # qkv_rope's block_n is always one head.
 TUNED = {"qkv_rope": (16, 64, 256, 4), "glu": (16, 32, 256, 4), "residual": (16, 32, 256, 4),
          "residual_long": (16, 32, 256, 4)}

@@ -1,7 +1,7 @@
 """Flash attention over one layer's KV cache that also emits per-position scores for chosen query rows.
 
 Used for prefill (score_rows=()), decode (T=1) and speculative verification (T = gamma+1, Vegas'
-"Collect-2-Query" with score_rows=(0, T-1)); DESIGN.md section 3.1.
+"Collect-2-Query" with score_rows=(0, T-1)); docs/kernels.md.
 
 Supported: head_dim in (64, 128); GQA with N % K == 0 (tested G = 1, 3, 4, 8); bf16 / f16 / f32; any
 S >= 16 and T >= 1; kv_len[b] in [T, S]; cache slots >= kv_len may hold junk, even NaN (masked loads read
@@ -45,13 +45,14 @@ def logit_dtype(dtype):
 
 
 def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) -> C.BlockSizes:
-    """Defaults for H200 (228 KB SMEM/SM, 132 SMs), chosen by the packed row count rows = T*G.
+    """Defaults for an sm_90 GPU (228 KB SMEM/SM, 132 SMs: an H200), chosen by the packed row count rows = T*G.
 
     Decode/verify (rows <= 64): one row block holds every packed row, so K/V are read once per KV head;
     block_k = 128 keys keeps 2 pipeline stages of K+V tiles (2*2*128*H*2 bytes = 128 KB at H=128, bf16)
     within SMEM (halved for f32). 17-32 rows (Vegas' verification at gamma 5-10 with G=3) take 64-key tiles
     in 3 stages: with a cache of more than 2^31 elements (SmolLM2 at B=64, S=8192, 30 layers) the 2-stage
-    128-key tiles ran 205 us per layer at T=6 against 143 at T=5, these 149 (bench/results/verify_rows_*_h200.json).
+    128-key tiles made T=6 far dearer per layer than T=5, these not (docs/performance.md). Note that the tile
+    size changes the online softmax's accumulation order, so 17-32-row blocks do not round like <= 16-row ones.
     Prefill: 64x64 (H=128) / 128x64 (H=64) tiles, the usual compute-bound
     FlashAttention-2 shapes for 4 warps. Non-causal many-row launches (tree prefixes) take 128-row
     blocks with 8 warps to halve the number of times the prefix is re-read.
@@ -249,13 +250,9 @@ def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, blo
     lse [B, K, Mp] f32 the final LSE of every packed row (gathered here: no extra launch); sel, sel_t, sel_w
     [R] int32 / int32 / f32 with R <= Rp a power of two, padding rows weighted 0. Only the R rows are read
     (the kernel's Rp >= 16 is Triton's dot minimum, not the number of score rows). Each valid logit is read
-    once; exp runs as exp2 on pre-scaled inputs. History: the XLA expression this replaced ran ~6x slower
-    than its bytes (bench/results/profile_round_h200.json); this kernel's first version, libdevice exp over
-    all Rp = 16 rows in 4-warp programs, took 25.7 us per SmolLM2 layer at B=64, L=8000
-    (bench/results/prof_pieces_h200.json, 3x its bytes' time); exp2 and reading 8 rows did not change
-    that, so it is latency-bound, not compute-bound: small one-warp programs (block_s 256) were the fastest
-    launch in a sweep (bench/results/epilogue_sweep_h200.json: 14.8 us per launch against 23.3 us at 512 x 4
-    warps).
+    once; exp runs as exp2 on pre-scaled inputs. The pass is latency-bound, not compute- or bandwidth-bound
+    (exp2 and reading fewer rows changed nothing), so it runs as small one-warp programs over 256 positions,
+    the fastest launch of a sweep (docs/performance.md, "Split-K by waves and the weights epilogue").
     """
     B, K, Rp, S = sc.shape
     R = sel.shape[0]

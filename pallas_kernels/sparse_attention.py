@@ -1,7 +1,7 @@
 """Attention over a per-sequence list of selected cache positions (page size 1) plus a causal tail.
 
 Used by the sparse drafts (Vegas, MagicDec streaming/quest) and by Dustin's sparse verification;
-DESIGN.md section 3.2. One index set per (batch, layer) is shared by all heads of the layer.
+docs/kernels.md. One index set per (batch, layer) is shared by all heads of the layer.
 
 Supported: head_dim in (64, 128); GQA with N % K == 0 (tested G = 1, 3, 4, 8); bf16 / f16 / f32; S >= 16;
 any M (index capacity) and small T (the packed T*G rows share one tile up to block_m rows).
@@ -9,9 +9,8 @@ any M (index capacity) and small T (the packed T*G rows share one tile up to blo
 How: the kernel reads one flat list of `n_valid + T` entries: idx[:n_valid], then the tail positions
 kv_len-T .. kv_len-1, every position clamped into [0, S) so each gathered address is in bounds. The list is
 formed block by block inside the kernel from idx, n_valid and kv_len (building it in XLA cost one more
-launch per layer and draft step: ~1.4 us of a ~44 us SmolLM2 layer at B=64, bench/results/
-prof_pieces_h200.json). Entry e >= n_valid is tail token u = e - n_valid, visible to row t iff u <= t;
-entries before n_valid are visible to every row. The grid is (B, K, row blocks, splits): split-K
+launch per layer and draft step, in a step that is launch-bound). Entry e >= n_valid is tail token
+u = e - n_valid, visible to row t iff u <= t; entries before n_valid are visible to every row. The grid is (B, K, row blocks, splits): split-K
 over the list so a batch of one still fills the GPU, partial (out, lse) merged exactly afterwards.
 K/V rows are gathered with integer-array ref indexing (`k_ref[idx, :]`): each row is H contiguous
 elements, so a gather of block_k rows is block_k coalesced 128/256-byte reads.
@@ -37,7 +36,7 @@ from .reference import sparse_attention_reference
 
 
 def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
-    """H200 defaults: all packed rows in one tile (each gathered row is read once per KV head) and
+    """Defaults (chosen on an H200): all packed rows in one tile (each gathered row is read once per KV head) and
     128 gathered entries per step (64 when a K+V tile pair would not fit 2 stages in SMEM). Split-K is
     chosen automatically (`_common.split_plan`: ~4 programs per SM without a badly filled last wave, at least
     2 blocks per split: a 5% budget of 128K is only ~50 blocks, which a batch of one must still spread over
@@ -104,7 +103,7 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
 
 
 # Fused heads (module docstring) when all heads' packed query rows fit one row block (decode-sized steps).
-# Off: in whole decode loops at L=8000, B=64 on the H200 it was 1% slower (rounds_fusedab_*_h200.json).
+# Off: it measured no faster in whole decode loops (docs/performance.md).
 FUSE_HEADS = False
 
 

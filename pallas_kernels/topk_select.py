@@ -6,8 +6,8 @@ ascending position order; idx[r, n:] = 0. The set is exactly lax.top_k's; only t
 no consumer of a KV selection needs (attention is permutation invariant; ascending positions even make
 the gathers more local).
 
-Why: XLA lowers lax.top_k(k=512) over [30 x 64, 8064] to a sort, 1.27 ms of device time per Vegas round
-on the H200 (bench/results/profile_round_h200.json), ~9% of the round. One program per row here:
+Why: XLA lowers lax.top_k(k=512) over [30 x 64, 8064] to a sort, which made selection the dearest piece of a
+Vegas round after the draft steps and the verification (docs/performance.md). One program per row here:
 
     1. the n-th largest key t by bisection on the order-preserving int32 image of the f32 scores: the sign
        first, then bits 30..0, each step one count of keys >= candidate over the row (32 passes over a

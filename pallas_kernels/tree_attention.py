@@ -1,5 +1,5 @@
 """Tree verification attention: an unmasked flash pass over the prefix plus a small masked pass over the
-tree tokens, merged exactly through their LSEs (DESIGN.md section 3.3, LongSpec's hybrid tree attention).
+tree tokens, merged exactly through their LSEs (docs/kernels.md; LongSpec's hybrid tree attention).
 
 The n tree tokens' keys/values already sit in the cache at prefix_len[b] + i. Query i sees every prefix
 position < prefix_len[b] and tree slot j iff tree_mask[b, i, j] (diagonal included). Then

@@ -1,4 +1,5 @@
-"""bench/hlo_fusions.py: reading what XLA fused from a real optimized-HLO dump (CPU, a few seconds)."""
+"""bench/hlo_fusions.py: reading what XLA fused from a real optimized-HLO dump (CPU, a few seconds); bench/common.py's
+profiler-trace tables on a hand-built trace."""
 import glob
 import os
 import re
@@ -9,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench import hlo_fusions  # noqa: E402
+from bench import common, hlo_fusions  # noqa: E402
 
 PROGRAM = """
 import jax, jax.numpy as jnp
@@ -58,3 +59,26 @@ def test_describe_finds_each_fusion_and_its_ops(dump):
 def test_describe_without_dump_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no \\*after_optimizations.txt"):
         hlo_fusions.describe(str(tmp_path), ["x"])
+
+
+def test_kernel_table_sums_device_events_per_call(tmp_path):
+    """Device-side complete events ('X') are summed per name and divided by the call count; host events and
+    other phases are left out; kinds come from the first matching pattern."""
+    import gzip
+    import json
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+              {"ph": "X", "pid": 1, "name": "flash_scores_kernel", "dur": 30.0},
+              {"ph": "X", "pid": 1, "name": "flash_scores_kernel", "dur": 10.0},
+              {"ph": "X", "pid": 1, "name": "loop_pad_fusion_3", "dur": 4.0},
+              {"ph": "X", "pid": 2, "name": "flash_scores_kernel", "dur": 999.0},
+              {"ph": "i", "pid": 1, "name": "marker"}]
+    d = tmp_path / "plugins" / "profile" / "run"
+    d.mkdir(parents=True)
+    with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    tab = common.kernel_table(common.read_trace(str(tmp_path)), 2)
+    assert tab == {"flash_scores_kernel": [20.0, 1.0], "loop_pad_fusion_3": [2.0, 0.5]}
+    assert common.read_trace(str(tmp_path / "plugins" / "none")) is None
+    assert [common.kind(n) for n in ("flash_scores_kernel", "nvjet_tst_64x8", "loop_pad_fusion_3", "memset32")] == \
+        ["flash_scores", "gemm", "other fusion", "memcpy"]

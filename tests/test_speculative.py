@@ -240,7 +240,7 @@ def test_pure_api_inside_a_user_jit():
 
 
 def test_prepare_reuses_a_prefilled_and_decoded_cache():
-    """One prefill serves several methods (what bench/spec.py does): decode, roll back, prepare, run."""
+    """One prefill serves several methods (what a benchmark comparing methods does): decode, roll back, prepare, run."""
     cfg, params, tokens, lengths, stop, ref = setup("llama")
     cache = kv_cache.init(cfg, batch=3, capacity=CAPACITY)
     logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)

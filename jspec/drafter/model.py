@@ -270,7 +270,7 @@ def drafter_step(dparams, tparams, cfg: ModelConfig, tokens, dcache: DrafterCach
 
 def drafter_tree_step(dparams, tparams, cfg: ModelConfig, tokens, depth, dcache: DrafterCache, tree_k, tree_v,
                       slots, visible, target_k_last=None, target_v_last=None, target_len=None, *, cross_fn=None):
-    """Run one level of a draft tree through the drafter (LongSpec tree drafting, DESIGN.md section 4).
+    """Run one level of a draft tree through the drafter (LongSpec tree drafting, docs/methods.md).
 
     A round's tree lives outside the ring, in a small per-round buffer of node K/V (`tree_k`, `tree_v`, one
     slot per node, the root first): the ring keeps only accepted tokens, and a rejected branch never has to be

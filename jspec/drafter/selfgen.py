@@ -4,8 +4,8 @@ At inference the drafter predicts what the target generates, not human text. `se
 windows of `prompt_tokens` tokens at seeded random offsets of the tokenized folder, lets the target continue
 each by `new_tokens` (plain sampling at `temperature`, stop tokens ignored; one compiled program serves every
 batch) and writes prompt + continuation as one .txt file per row, ready to sit beside the original text as
-`train-drafter --data`. On the H200 this lifted the bundled SmolLM2 drafter's tree tau at L=8000 from 2.62 to
-3.48 (README, "LongSpec drafter training"). CLI: `jspec selfgen`.
+`train-drafter --data`. The bundled SmolLM2 drafter was trained this way; what the self-generated text added
+to its acceptance is in docs/performance.md ("Drafter training"). CLI: `jspec selfgen`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`jspec train-drafter`: train the LongSpec drafter block against a frozen target (DESIGN.md section 4).
+"""`jspec train-drafter`: train the LongSpec drafter block against a frozen target (docs/methods.md).
 
 Per step: a batch of packed text chunks; anchor-offset positions (positions.py) for the target and the
 drafter alike; one frozen-target forward at those positions gives its last-layer K/V (computed once per

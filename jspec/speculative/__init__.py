@@ -16,7 +16,7 @@ drafter drafts a chain or a tree; one target forward verifies each round.
                                           max_new_tokens=256)
 
 Methods (one module each, one shared engine): streaming, quest, vegas, longspec (+ tree.py: draft trees and
-their lossless acceptance). See engine.py and DESIGN.md section 4.
+their lossless acceptance). See engine.py and docs/methods.md.
 """
 from jspec.speculative.config import METHODS, SpecConfig
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating

@@ -24,7 +24,7 @@ class SpecConfig:
     method:     "streaming" (sink + recent window), "quest" (query-aware page selection), "vegas"
                 (top-k of the previous verification's attention scores) or "longspec" (a trained one-block
                 drafter over the target's last-layer KV cache, chain or tree drafts; the drafter's params go
-                to `init`/`prepare`/`run` as `drafter=`). DESIGN.md section 4. "ar": plain decoding through
+                to `init`/`prepare`/`run` as `drafter=`). docs/methods.md. "ar": plain decoding through
                 the same engine (gamma forced to 0: each round is one target step), for `serve`.
     gamma:      draft tokens per round (one full-attention verification each); longspec chain mode: the
                 chain length.
@@ -47,14 +47,14 @@ class SpecConfig:
     window:     longspec: the drafter's self-attention window W = its ring buffer's slots (`Drafter.window`).
     topk:       vegas' per-layer top-k: "select" (default: the pallas_kernels.topk_select threshold-search
                 kernel on a GPU, lax.top_k elsewhere) or "sort" (lax.top_k everywhere; XLA sorts each row).
-                Both keep the same set; on the H200 at L=8000, B=64 "select" made vegas 1.454x -> 1.563x ar
-                (bench/results/spec_select_h200.json).
+                Both keep the same set; "select" is the default because XLA's sort of a long row is the
+                dearer part of the selection step (docs/performance.md).
     select_page: vegas: select aligned pages of this many slots (summed scores) instead of single positions
                 (1, the default, is the paper's rule). Each draft step then gathers runs of consecutive
                 cache rows and the top-k ranks S / select_page scores; the slots from the last page start
                 to the selection point are attended whole (up to select_page - 1 more). The budget (static
-                width) must be a multiple of it. On the H200 at L=8000, B=64 (SmolLM2-135M) pages of 8-32
-                ran 1.60-1.66x ar against 1.44-1.47x for single slots, same or higher tau (README).
+                width) must be a multiple of it. Pages rank fewer scores and keep a selected token's
+                neighbours, so they measured faster at the same or higher tau (docs/performance.md).
     lookup:     also verify, in the same target forward, this many tokens proposed by n-gram lookup over the
                 row's own text (prompt + output; jspec/speculative/lookup.py). longspec hangs them off the
                 tree's root as a chain of their own; streaming, quest and vegas append them to the gamma

@@ -1,8 +1,8 @@
 """Continuous batching for the speculative engine: B slots fed from a queue of requests.
 
 A static batch runs until its slowest row is done: with speculative decoding the rows accept at different
-rates (vegas' slowest row at L=8000, B=64 needs 1.15x the mean row's rounds; LongSpec's at B=16 1.72x,
-README "GPU results"), so the fast rows idle for the rest of the call. Here the engine's rounds run in
+rates (a LongSpec batch's slowest row can need well over the mean row's rounds; docs/performance.md), so the
+fast rows idle for the rest of the call. Here the engine's rounds run in
 segments (`run_until`: a jitted while_loop that returns once `refill` rows are done) and, between segments,
 the host hands the finished slots the next requests: their prompts are prefilled together (`engine.init`)
 and their cache rows, method state and loop state are written into the slots (`insert`). The other rows keep
@@ -122,7 +122,7 @@ def insert(st, fresh, rows, axes: tuple):
     """Slots `rows` (int32[K]) of the loop carry `st` replaced by the rows of `fresh`, a started K-row carry
     (`engine.start` on `engine.init`); `axes` = batch_axes(st, a 1-row carry). Rows >= B are padding and
     write nothing. One dynamic_update_slice per row and leaf: XLA's scatter of the same rows ran at a
-    tenth of the copy's bandwidth (2.9 ms for 4 rows of an L=8000 cache, bench/results/staged_diag_h200_log.txt)."""
+    small fraction of the copy's bandwidth (docs/performance.md, "Continuous batching")."""
     B = st.done.shape[0]
     for i in range(rows.shape[0]):
         st = jax.lax.cond(rows[i] < B, lambda st, i=i: _put_row(st, fresh, rows[i], i, axes), lambda st: st, st)
@@ -173,13 +173,13 @@ def serve(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, prom
     prefilled `refill` at a time (one compiled prefill per 256-token bucket of the longest).
     staged=False (default): the rounds run until `refill` slots are free, which are then prefilled and filled
     together (`run_until` + `insert`); the free slots wait meanwhile. Default refill min(4, batch // 4) (at
-    least 1): the best of {1, 2, 4, 8} measured at L=8000 on the H200 (bench/results/serve_*_h200.json).
+    least 1): one-row refills prefill one prompt at a time, large ones leave slots idle longer; 4 measured best
+    of {1, 2, 4, 8} (docs/performance.md).
     staged=True: the next `refill` requests are prefilled *ahead* into a staging carry and the rounds' loop
     hands each finished row the next staged one on the device, right after the round it finished in
-    (`run_staged`): no slot waits, but every round pays a check (a host sync, ~2%) and each refill ~1 ms. On
-    the H200 at L=8000 (bench/results/serve_8000x*_staged_h200.json, serve_8000x16_insert_h200.json): LongSpec
-    at B=16 (uneven rows) gained 2-5% in total throughput and kept decode even; vegas at B=64 lost 1% in total
-    and 5% on decode.
+    (`run_staged`): no slot waits, but every round pays a check (a host sync) and each refill a row copy, so it
+    pays only where rows finish very unevenly; measured, it was even on decode for LongSpec and slower for vegas
+    (docs/performance.md).
     capacity: cache slots per row, >= longest prompt + max_new_tokens + spec.capacity_margin().
     on_result: called as on_result(i, tokens) the moment the host learns request i is done (in finishing
     order), e.g. to stream answers out of a server loop.

@@ -24,8 +24,8 @@ same, donating the state so the cache is updated in place). Each piece (`draft`,
 method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to split the round
 time offline.
 
-Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each (STYLE.md
-habit 7): the round is the same for all of them, only which KV entries a draft step reads differs.
+Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each: the round is
+the same for all of them, only which KV entries a draft step reads differs.
 
 LongSpec (method "longspec") drafts a tree with a separate trained drafter instead, so its round is its own
 (longspec.py: draft, tree verification, acceptance, compaction); everything around the round (emission, stop
@@ -156,14 +156,14 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
     # Vegas needs verification-like scores before its first round. A static score row cannot point at each
     # prompt's last token in a ragged prefill, so re-run that token as a one-token full-attention step that
     # emits its query's scores (selection point = its slot, see vegas.py). Its K/V are put back as the
-    # prefill wrote them, so the cache stays bit-identical to plain decoding's.
+    # prefill wrote them (a copy of the saved entries), so the cache holds exactly what plain decoding's does.
     point = lengths - 1
     b = jnp.arange(cache.batch)
     saved_k, saved_v = cache.k[:, b, point], cache.v[:, b, point]                 # [L, B, K, H]
     # Materialise the saved entries before the forward writes the cache in place: the forward's input token
     # comes out of the same barrier. Without it XLA fuses this gather into the restoring scatter at the end,
-    # which keeps the donated input alive through the forward and so copies the whole cache (Llama-3-8B
-    # shapes at 32K x 16 ran out of memory on one H200).
+    # which keeps the donated input alive through the forward and so copies the whole cache (at Llama-3-8B
+    # shapes, 32K x 16, that copy does not fit on one GPU).
     saved_k, saved_v, last_token = jax.lax.optimization_barrier((saved_k, saved_v, last_token))
     _, scored, aux = model.forward(params, cfg, last_token[:, None], kv_cache.rollback(cache, point),
                                    score_rows=(0,), score_mode=spec.score_mode, impl=impl)
@@ -282,8 +282,9 @@ def run(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state:
       state: from `init`.
       key: PRNG key (unused for greedy sampling configs).
       max_new_tokens, stop_tokens: static; a sequence ends after emitting a stop token (kept) or
-        max_new_tokens tokens. Greedy output is token-identical to `decoding.decode`; sampled output has
-        the target's distribution.
+        max_new_tokens tokens. Greedy output equals `decoding.decode`'s in exact arithmetic (float32 at
+        HIGHEST matmul precision); in bf16 up to near-tie rounding (docs/methods.md, "Exactness"). Sampled
+        output has the target's distribution.
       drafter: longspec only: the drafter block's params (traced, not donated).
     Returns:
       tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], SpecStats.

@@ -1,5 +1,5 @@
 """LongSpec: a trained one-block drafter over the target's last-layer KV cache, chain or tree drafts, one
-tree-masked target verification per round (DESIGN.md section 4; the drafter is jspec/drafter/model.py).
+tree-masked target verification per round (docs/methods.md; the drafter is jspec/drafter/model.py).
 
 One round (driven by jspec/speculative/engine.py's while_loop, like the self-speculative methods):
 

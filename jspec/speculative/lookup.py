@@ -13,7 +13,8 @@ Rule, per row, for a sequence seq[0 .. n-1] (the accepted text and the round's r
   of the newest m tokens); the first m that has one wins, and the proposal is seq[t+m], seq[t+m+1], ...
   Positions past the end (t+m+k >= n) continue the proposal itself (proposal[t+m+k-n]): a repeat of period
   n-t-m keeps repeating. With no earlier occurrence of even the newest token the proposal repeats it.
-Drafts only affect speed: verification keeps the output identical to plain decoding whatever they are.
+Drafts only affect speed: verification keeps the output plain decoding's whatever they are (greedy: equal in
+exact arithmetic, in bf16 up to near-tie rounding; sampled: the same distribution; docs/methods.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """MagicDec-style streaming draft: the target drafts with attention over the `sink` first tokens and the most
-recent ones (query-independent, no selection state). DESIGN.md section 4.
+recent ones (query-independent, no selection state). docs/methods.md.
 
 Method interface (shared by streaming / quest / vegas, driven by jspec/speculative/engine.py):
     score_rows(spec) -> tuple        verification query rows whose scores the method needs (static)

@@ -107,10 +107,10 @@ def top_k_chunked(x, k: int, *, chunk: int = 0):
     then top-k of those candidates (the overall top-k lies among them). Same values and indices as lax.top_k,
     ties included (lower index first at both stages).
 
-    Why: XLA's GPU TopK runs one thread block per row. Measured on the H200 (tree drafting, V = 49152, k = 16):
-    16 rows took 0.17 ms per call, as 768 slices of 1024 0.075 ms; but 256 rows took 0.27 ms and the same
-    rows sliced (12288 x 1024) 0.93 ms. So chunk=0 (auto) slices only when there are fewer than 128 rows,
-    into about 1024 rows of >= 1024 entries; an explicit chunk always slices (tests)."""
+    Why: XLA's GPU TopK runs one thread block per row, so a few long rows leave the GPU mostly idle and
+    slicing them pays, while many rows already fill it and slicing only adds work (docs/performance.md,
+    "LongSpec"). So chunk=0 (auto) slices only when there are fewer than 128 rows, into about 1024 rows of
+    >= 1024 entries; an explicit chunk always slices (tests)."""
     V = x.shape[-1]
     rows = int(np.prod(x.shape[:-1]))
     if not chunk:
@@ -131,8 +131,8 @@ def top_k_small(x, k: int):
     """lax.top_k over the last axis by k argmax passes, for small k: the same values and indices, ties
     included (lower index first), -inf entries included.
 
-    Each pass is one reduction over the row, where XLA's TopK sorts it: on the H200 a TopK over 49152 entries
-    took 0.17-0.27 ms per call in tree drafting (16-256 rows, see `top_k_chunked`). Ranking happens on the
+    Each pass is one reduction over the row, where XLA's TopK sorts it, so for k <= 4 the passes are cheaper
+    than the sort (see `top_k_chunked`). Ranking happens on the
     floats' order-preserving int32 keys, so an entry already taken (key INT32_MIN) stays below a -inf one."""
     from pallas_kernels.topk_select import order_key   # jspec loads the kernel package lazily
 

@@ -1,4 +1,4 @@
-"""Vegas' three-stage tuning (DESIGN.md section 4): pick the budget ratio and gamma by measurement.
+"""Vegas' three-stage tuning (docs/methods.md): pick the budget ratio and gamma by measurement.
 
     1. ratio   at a fixed gamma, raise the ratio of the context each draft step keeps (SpecConfig.ratio,
                clamped to [min_tokens, budget]) step by step until the accepted tokens per verification (tau)
@@ -9,13 +9,13 @@
                accepts more.
     4. page    (vegas, with `pages` beyond 1) at that ratio and gamma, try selecting whole aligned pages of each
                candidate size (SpecConfig.select_page; the budget rounded up to whole pages) and keep the
-               fastest, single slots on a tie. On the H200 at L=8000 pages of 8-32 slots ran 1.60-1.66x ar
-               against 1.44-1.47x for single slots (B=64) at the same or higher tau, and pages of 8 were the
-               fastest at L=2048, 4096 and in `jspec tune` at L=8000 (README).
+               fastest, single slots on a tie. Pages rank fewer scores and keep a selected token's neighbours;
+               whether that beats single slots depends on the model, context and GPU, hence the measurement
+               (docs/performance.md).
 
 The search (`search`) only sees a `measure(spec) -> (tau, tokens_per_s)` callable, so its rules are tested
 without a model. `tune` measures on a real model: one prefill serves every config (the cache is rolled back
-to the prompt between runs, as bench/spec.py does), each config decodes greedily with stop tokens ignored,
+to the prompt between runs), each config decodes greedily with stop tokens ignored,
 its first run compiles and warms up, and the fastest of `reps` timed runs counts.
 
     result = tune(jspec.load("smollm2-135m"), prompt_tokens=2048, batch=4, out="tune.json")
@@ -26,9 +26,9 @@ collect), the measurements and where they were taken (model, prompt_tokens, batc
 
 LongSpec has no ratio: `tune(model, method="longspec")` measures each candidate draft shape (`trees`: tree
 widths per level; all-ones widths run as a chain) with the same harness and keeps the fastest. Which shape
-wins depends on the batch: on the H200 at L=8000 a 68-node tree is fastest at B=1, where a round is
-launch-bound, while at B=16 tree verification's attention is compute-bound and small trees or a chain win
-(README, "LongSpec decoding").
+wins depends on the batch: at B=1 a round is launch-bound and a larger tree costs little, while at larger
+batches tree verification's attention turns compute-bound and small trees or a chain win (docs/performance.md,
+"LongSpec").
 `budget` is the static selection width: ceil(ratio * (prompt + new tokens)), so the ratio rule is not capped
 by it for contexts up to the tuned length.
 """
@@ -57,10 +57,9 @@ DEFAULT_PAGES = (1, 8, 16)   # vegas' stage 4: single slots (the paper's rule), 
 GREEDY = SamplingConfig()
 
 # LongSpec draft shapes tried by default: a chain, then trees from 14 to 104 nodes.
-# Candidates of the longspec shape search: the chain, narrow deep trees (the H200's best at B=16 for SmolLM2,
-# bench/results/longspec_sg_h200_deep_B16.json), mid-sized ones (best at B=1) and the public default.
-# Around the H200's winners for SmolLM2 ((2,4,4,4) at B=16, (2,2,2,2,2) at B=1) plus the public (4,16,16,16,16):
-# one level deeper and one level wider than (2,4,4,4), for drafters that accept more than the one it was found with.
+# Candidates of the longspec shape search: the chain, narrow deep trees (small trees win at larger batches),
+# mid-sized ones (which can win at B=1) and the public default (4,16,16,16,16); around (2,4,4,4), the bundled
+# SmolLM2 drafter's tuned shape, one level deeper and one level wider, for drafters that accept more.
 DEFAULT_TREES = ((1, 1, 1, 1, 1), (2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 2, 2), (2, 4, 4, 4), (2, 4, 4, 4, 4),
                  (4, 4, 4, 4), (4, 8, 8, 8, 8), (4, 16, 16, 16, 16), (8, 32, 32, 32))
 
@@ -333,7 +332,7 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
             box["cache"], box["logits"] = final.cache, final.logits   # the donated buffers, for the next run
             if rep:
                 times.append(dt)
-        # As bench/spec.py: the first token comes from the prefill logits, the loop makes the rest.
+        # The first token comes from the prefill logits, the loop makes the rest.
         produced = int(np.maximum(np.asarray(n_out) - 1, 0).sum())
         return stats.tau(), produced / max(min(times), 1e-9)
 

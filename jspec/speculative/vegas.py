@@ -1,4 +1,4 @@
-"""Vegas: verification-guided sparse self-speculation (DESIGN.md section 4; papers/000_121e72f79e56cf5f.txt).
+"""Vegas: verification-guided sparse self-speculation (docs/methods.md).
 
 The full-attention verification already computes how much every cached position matters; Vegas keeps, per
 layer, the top-k positions of those scores (summed over the layer's query heads and the collected rows,
