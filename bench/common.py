@@ -6,7 +6,6 @@ import glob
 import gzip
 import json
 import os
-import subprocess
 import tempfile
 import time
 from collections import defaultdict
@@ -24,16 +23,6 @@ def device_name() -> str:
     return f"{d.platform}:{getattr(d, 'device_kind', '?')}"
 
 
-def commit() -> str:
-    if os.environ.get("JSPEC_COMMIT"):
-        return os.environ["JSPEC_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
-
-
 def peak_memory_bytes() -> int | None:
     try:
         return int(jax.devices()[0].memory_stats()["peak_bytes_in_use"])
@@ -49,14 +38,22 @@ def timed(fn, *args, **kw):
 
 
 def base_record(**kw) -> dict:
-    return {"device": device_name(), "jax": jax.__version__, "commit": commit(),
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), **kw}
+    """The per-record device facts; the file's provenance (commit, dirty flag, command) is `write_json`'s."""
+    return {"device": device_name(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), **kw}
 
 
 def write_json(path: str, records: list, summary: dict, **extra):
+    """Write a result file with its provenance (`jspec.provenance`): refused when the source tree differs from
+    its commit or has none, unless JSPEC_ALLOW_DIRTY=1 (the file then says dirty)."""
+    from jspec import provenance
+    try:
+        prov = provenance.record(allow_dirty=os.environ.get("JSPEC_ALLOW_DIRTY") == "1")
+    except provenance.ProvenanceError as e:
+        raise SystemExit(f"error: {e} (JSPEC_ALLOW_DIRTY=1 records it as dirty)") from None
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"records": records, "summary": summary, **extra}, f, indent=1)
+    with open(path + ".part", "w") as f:
+        json.dump({"provenance": prov, "records": records, "summary": summary, **extra}, f, indent=1)
+    os.replace(path + ".part", path)
     print(f"wrote {path}")
 
 

@@ -31,11 +31,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Optional
 
-DEFAULT_METHODS = ("ar", "streaming", "vegas", "longspec", "vegas+lookup8", "longspec+lookup8")
-LOSSLESS = ("ar", "streaming", "quest", "vegas", "longspec")
+DEFAULT_METHODS = ("ar", "streaming", "vegas:select_page=8", "longspec", "vegas+lookup8:select_page=8",
+                   "longspec+lookup8")
 KINDS = ("summary", "continue-code", "question", "continue-prose")
 SUMMARY = "Summarize the document above in a few paragraphs, covering each of its main parts."
 STOP_WORDS = {"The", "This", "That", "There", "These", "Those", "They", "Then", "Their", "When", "What", "Which",
@@ -69,16 +68,30 @@ class MethodSpec:
             if not eq:
                 raise BenchError(f"method {text!r}: knob {kv!r} is not key=value")
             knobs[k.strip()] = _value(v.strip())
-        from jspec.speculative.config import SpecConfig
+        from jspec.speculative.config import METHODS, SpecConfig
         fields = {f.name for f in dataclasses.fields(SpecConfig)} - {"method"}
-        if method not in LOSSLESS:
-            raise BenchError(f"unknown method {method!r} in {text!r}; available: {', '.join(LOSSLESS)}")
+        if method not in ("ar",) + METHODS:
+            raise BenchError(f"unknown method {method!r} in {text!r}; available: ar, {', '.join(METHODS)}")
         bad = sorted(set(knobs) - fields)
         if bad:
             raise BenchError(f"method {text!r}: unknown knob(s) {bad}; SpecConfig has {sorted(fields)}")
         if method == "ar" and knobs:
             raise BenchError(f"method {text!r}: 'ar' takes no knobs")
         return cls(label=text.strip(), method=method, knobs=tuple(sorted(knobs.items())))
+
+
+def split_methods(text: str) -> list["MethodSpec"]:
+    """"ar,vegas:select_page=8,budget=256,longspec" -> three MethodSpecs: a comma-separated piece with `=` and
+    no method name continues the previous method's knobs."""
+    pieces = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "=" in part and ":" not in part and pieces:
+            pieces[-1] += "," + part
+        else:
+            pieces.append(part)
+    return [MethodSpec.parse(p) for p in pieces]
 
 
 def _value(v: str):
@@ -395,7 +408,7 @@ def main(argv=None) -> int:
 def add_arguments(ap):
     ap.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                    help="comma-separated method[+lookupN][:knob=value;...] list (ar is always run as the "
+                    help="comma-separated method[+lookupN][:knob=value,...] list (ar is always run as the "
                          f"reference; default {','.join(DEFAULT_METHODS)})")
     ap.add_argument("--lengths", default="8000", help="context lengths L, comma-separated (default 8000)")
     ap.add_argument("--batches", default="1,16,64", help="batch sizes, comma-separated (default 1,16,64)")
@@ -433,7 +446,7 @@ def _ints(text: str, flag: str) -> list:
 
 def run(a) -> int:
     from jspec import provenance
-    methods = [MethodSpec.parse(m) for m in a.methods.split(",") if m.strip()]
+    methods = split_methods(a.methods)
     if not methods:
         raise BenchError("--methods is empty")
     lengths, batches = _ints(a.lengths, "--lengths"), _ints(a.batches, "--batches")
@@ -446,10 +459,7 @@ def run(a) -> int:
     peers = [p for p in a.peers.split(",") if p.strip()]
     if set(peers) - {"hf", "hf-compile"}:
         raise BenchError(f"unknown peer(s) {sorted(set(peers) - {'hf', 'hf-compile'})}: hf, hf-compile")
-    if a.check_lossless:
-        bad = [m.label for m in methods if m.method not in LOSSLESS]
-        if bad:
-            raise BenchError(f"--check-lossless applies to lossless methods; not {bad}")
+    if a.check_lossless:   # every method jspec has is lossless (a lossy verification policy would be refused here)
         os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
     # Provenance first: a run that could not be recorded should not spend the GPU.
     state = provenance.source_state()

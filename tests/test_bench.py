@@ -60,6 +60,9 @@ def test_method_specs_parse_and_refuse_bad_ones():
     m = bench.MethodSpec.parse("vegas+lookup8:select_page=8,budget=256")
     assert (m.method, dict(m.knobs)) == ("vegas", {"lookup": 8, "select_page": 8, "budget": 256})
     assert dict(bench.MethodSpec.parse("longspec:tree_widths=2-4-4").knobs) == {"tree_widths": (2, 4, 4)}
+    got = bench.split_methods("ar,vegas:select_page=8,budget=256,longspec+lookup4,quest")
+    assert [(m.method, dict(m.knobs)) for m in got] == [("ar", {}), ("vegas", {"select_page": 8, "budget": 256}),
+                                                        ("longspec", {"lookup": 4}), ("quest", {})]
     for bad, msg in [("nope", "unknown method"), ("vegas:frob=1", "unknown knob"), ("vegas:gamma", "key=value"),
                      ("ar:gamma=2", "no knobs"), ("vegas+lookupx", "positive N")]:
         with pytest.raises(bench.BenchError, match=msg):
