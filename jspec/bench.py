@@ -256,15 +256,18 @@ def differences(ref: list, got: list) -> list[dict]:
 
 def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: bool, reps: int, impl,
                temperature: float = 0.0, seed: int = 0):
-    """Warm-up call (compilation), then `reps` timed calls of `jspec.generate`; the fastest is kept."""
+    """Warm-up call (compilation), then `reps` timed calls of `jspec.generate`; the fastest is kept.
+    reps=0: one call, no warm-up (its time includes compilation: for checks that only need the tokens)."""
     import jspec
     kw = dict(method=spec.method, max_new_tokens=new, ignore_eos=ignore_eos, impl=impl, temperature=temperature,
               seed=seed, **dict(spec.knobs))
+    if reps == 0:
+        return jspec.generate(model, prompts, **kw), 0.0
     t = time.perf_counter()
     jspec.generate(model, prompts, **kw)
     warm_s = time.perf_counter() - t
     best = None
-    for _ in range(max(1, reps)):
+    for _ in range(reps):
         out = jspec.generate(model, prompts, **kw)
         if best is None or out.stats.decode_s < best.stats.decode_s:
             best = out
@@ -291,7 +294,9 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
             log(f"L={L} B={B}: prompt tokens {min(lens)}-{max(lens)} ({Counter(p.kind for p in prompts)})")
             ref = None
             for spec in methods:
-                out, warm_s = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos, reps=reps, impl=impl)
+                # The lossless check needs tokens, not times: one call per method, compilation included.
+                out, warm_s = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos,
+                                         reps=0 if lossless_check else reps, impl=impl)
                 s, toks = out.stats, out.tokens
                 if spec.method == "ar" and ref is None:
                     ref = dict(tokens=toks, tps=s.tokens_per_s)
@@ -306,7 +311,7 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                            rows_identical_to_ar=round(1 - len(diffs) / B, 4),
                            distinct_token_share=distinct_share(toks), kinds=[p.kind for p in prompts])
                 if lossless_check:
-                    rec["differences"] = diffs
+                    rec.update(differences=diffs, timed=False)   # tokens/s includes compilation here
                 records.append(rec)
                 if on_record is not None:
                     on_record(records)
@@ -361,7 +366,8 @@ def plot(records: list, peers: list, path: str) -> Optional[str]:
         ax.set_xticks(range(len(vals)), names, rotation=45, ha="right", fontsize=7)
         ax.set_title(f"L={L}, B={B}", fontsize=9)
         ax.set_ylabel("new tokens/s")
-    fig.suptitle("jspec bench: tokens/s through jspec.generate (label: x ar in the same run)", fontsize=9)
+    fig.suptitle("jspec bench: new tokens/s through jspec.generate\n(label: x ar in the same run; grey: peers)",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -430,6 +436,8 @@ def add_arguments(ap):
                                                  "(the same under torch.compile, mode reduce-overhead)")
     ap.add_argument("--peer-timeout", type=float, default=600.0, help="seconds each peer may take")
     ap.add_argument("--out", default="jspec-bench.json", help="result JSON (a .png plot is written beside it)")
+    ap.add_argument("--replot", metavar="FILE", default=None,
+                    help="only redraw the plot of an existing result JSON (beside it) and print its table")
     ap.add_argument("--allow-dirty", action="store_true",
                     help="record a run from a tree that differs from its commit (marked dirty)")
 
@@ -446,10 +454,20 @@ def _ints(text: str, flag: str) -> list:
 
 def run(a) -> int:
     from jspec import provenance
+    if a.replot:
+        try:
+            doc = json.load(open(a.replot))
+        except (OSError, ValueError) as e:
+            raise BenchError(f"cannot read {a.replot!r}: {e}") from None
+        print(f"wrote {plot(doc['records'], doc.get('peers', []), os.path.splitext(a.replot)[0] + '.png')}")
+        _print_table(doc["records"], doc.get("peers", []))
+        return 0
     methods = split_methods(a.methods)
     if not methods:
         raise BenchError("--methods is empty")
     lengths, batches = _ints(a.lengths, "--lengths"), _ints(a.batches, "--batches")
+    if a.reps < 1:
+        raise BenchError(f"--reps must be >= 1, got {a.reps}")
     if a.new_tokens < 1:
         raise BenchError(f"--new-tokens must be >= 1, got {a.new_tokens}")
     if a.workload not in ("long-tasks", "continue") and not os.path.isdir(a.workload):

@@ -108,7 +108,8 @@ def test_long_tasks_are_ragged_mixed_and_within_length():
 def test_bad_requests_are_errors_before_any_work(capsys):
     for argv, msg in [(["--methods", "vegas:frob=1"], "unknown knob"), (["--batches", "0"], "positive"),
                       (["--lengths", "x"], "integers"), (["--workload", "nowhere"], "unknown workload"),
-                      (["--peers", "vllm"], "unknown peer"), (["--new-tokens", "0"], ">= 1")]:
+                      (["--peers", "vllm"], "unknown peer"), (["--new-tokens", "0"], ">= 1"),
+                      (["--reps", "0"], ">= 1"), (["--replot", "/nonexistent.json"], "cannot read")]:
         assert bench.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error:") and msg in err
@@ -128,6 +129,7 @@ def test_bench_check_lossless_on_the_real_model(smollm2_ckpt, tmp_path, capsys):
     assert {r["method"] for r in doc["records"]} == {"ar", "vegas+lookup2:budget=64", "longspec"}
     for r in doc["records"]:
         assert r["differences"] == [] and r["rows_identical_to_ar"] == 1.0 and r["B"] == 3
+        assert r["timed"] is False and r["warmup_s"] == 0.0     # a check runs each method once
         assert 0 < r["distinct_token_share"] <= 1 and r["tokens_per_s"] > 0
     assert doc["settings"]["dtype"] == "float32" and doc["summary"]["lossless"]["longspec"] == 1.0
     for k in ("commit", "dirty", "tree_hash", "command", "device", "jax", "xla_flags", "matmul_precision"):
