@@ -127,8 +127,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
     tree_widths, gamma (chain length), lookup (a prompt-lookup chain of this many tokens verified beside the
     tree, `SpecConfig.lookup`). With none of them (and no config) it drafts the tree the drafter was
-    tuned with for this batch size (`Drafter.widths_for(slots or batch)`, its tuned.json; the bundled one's
-    from H200 runs at L=8000), else SpecConfig's (4, 16, 16, 16, 16).
+    tuned with for this batch size (`Drafter.widths_for(slots or batch)`, its tuned.json, which records where
+    each shape was measured), else SpecConfig's (4, 16, 16, 16, 16).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     slots: run the prompts through this many batch slots with continuous batching (`jspec.speculative.serve`:
     a finished slot takes the next prompt) instead of as one static batch (also for "ar");
