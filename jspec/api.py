@@ -214,12 +214,12 @@ def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[
     Args:
       method: "ar" or a speculative method; None: the config's method, else "ar".
       config: None, a SpecConfig, a dict or the path of a JSON file such as `jspec tune` writes
-        (`jspec.speculative.tune.read_config` checks it); its fields are the defaults.
+        (`jspec.speculative.config.read_config` checks it); its fields are the defaults.
       knobs: SpecConfig fields given explicitly (None = not given); they override the config's.
     Raises:
       InputError: unknown method, bad knob, unreadable config, or speculative knobs for "ar".
     """
-    from jspec.speculative.tune import read_config
+    from jspec.speculative.config import read_config
 
     base = {} if config is None else read_config(config)
     given = {k: v for k, v in knobs.items() if v is not None}

@@ -15,7 +15,7 @@ def cmd_fetch(*, model: str = "smollm2-135m", progress: bool = True) -> str:
 
 def cmd_convert(*, out: str, from_hf=None, from_gguf=None, dtype="bfloat16", overwrite=False, progress=True) -> str:
     import checkpoints
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     if (from_hf is None) == (from_gguf is None):
         raise InputError("give exactly one of --from-hf DIR or --from-gguf FILE")
     path = checkpoints.convert(out=out, from_hf=from_hf, from_gguf=from_gguf, dtype=dtype, overwrite=overwrite,
@@ -97,7 +97,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
 
 
 def _widths(text: str) -> tuple:
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -109,7 +109,7 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     import re
 
     from jspec.config import SamplingConfig
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as e:
@@ -119,7 +119,7 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 def _read_text(path: str, flag: str) -> str:
     """A UTF-8 text file's contents; a missing, unreadable or binary file is an InputError naming the flag."""
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -189,7 +189,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
 
 def _numbers(text: str, kind, flag: str) -> list:
     """"0.01,0.02" -> [0.01, 0.02]; a bad entry is an InputError naming the flag."""
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         vals = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -331,7 +331,7 @@ def main(argv=None):
 
     a = p.parse_args(argv)
     from checkpoints import CheckpointError
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         if a.cmd == "fetch":
             cmd_fetch(model=a.model)
