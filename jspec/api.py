@@ -69,7 +69,7 @@ def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, prog
     fuse: hand out the runtime layout (`jspec.model.fuse_projections`: q/k/v and gate/up as one weight each,
       fewer kernels per layer); False keeps the stored layout (wq, wk, wv, w_gate, w_up).
     """
-    import checkpoints
+    from jspec import checkpoints
     from transformers import AutoTokenizer
 
     path = checkpoints.resolve(name_or_dir, progress=progress)
@@ -237,12 +237,16 @@ def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[
 
 
 def bundled_drafter_dir(model: Model) -> str:
-    """Where a drafter for `model` ships with jspec: checkpoints/drafters/<model directory name>."""
+    """Where a drafter for `model` ships with jspec: drafters/<model directory name> in the top-level
+    checkpoints/ folder of a source tree (or editable install), or in jspec/bundled/ of a wheel install
+    (pyproject.toml maps the one to the other); the source tree's path when neither exists."""
     import os
 
-    import checkpoints
     name = os.path.basename(str(model.path).rstrip("/"))
-    return os.path.join(os.path.dirname(os.path.abspath(checkpoints.__file__)), "drafters", name)
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "bundled", "drafters", name)
+    source = os.path.join(os.path.dirname(here), "checkpoints", "drafters", name)
+    return installed if os.path.isdir(installed) else source
 
 
 def load_drafter_for(model: Model, drafter=None):

@@ -7,14 +7,14 @@ import sys
 
 
 def cmd_fetch(*, model: str = "smollm2-135m", progress: bool = True) -> str:
-    import checkpoints
+    from jspec import checkpoints
     path = checkpoints.resolve(model, progress=progress)
     print(path)
     return path
 
 
 def cmd_convert(*, out: str, from_hf=None, from_gguf=None, dtype="bfloat16", overwrite=False, progress=True) -> str:
-    import checkpoints
+    from jspec import checkpoints
     from jspec.errors import InputError
     if (from_hf is None) == (from_gguf is None):
         raise InputError("give exactly one of --from-hf DIR or --from-gguf FILE")
@@ -330,7 +330,7 @@ def main(argv=None):
     drafter_cli.add_selfgen_arguments(sg)
 
     a = p.parse_args(argv)
-    from checkpoints import CheckpointError
+    from jspec.checkpoints import CheckpointError
     from jspec.errors import InputError
     try:
         if a.cmd == "fetch":

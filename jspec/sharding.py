@@ -113,7 +113,7 @@ def param_specs(cfg: ModelConfig, tp: str = "tp", tp_size: int = 1, fused: bool 
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh, fused: bool = False) -> dict:
-    """NamedShardings shaped like the parameter pytree (pass to `checkpoints.store.load(sharding=...)`)."""
+    """NamedShardings shaped like the parameter pytree (pass to `jspec.checkpoints.store.load(sharding=...)`)."""
     axis = tp_axis(mesh)
     check_divisible(cfg, mesh.shape[axis])
     specs = param_specs(cfg, axis, mesh.shape[axis], fused)

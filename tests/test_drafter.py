@@ -1,5 +1,6 @@
 """LongSpec drafter: training regimes against hand-computed cases, training / resume / export on a tiny
-model, the tuned draft shapes it carries (tuned.json: the by-batch rule, merging, bad files) and the bundled drafter's against their results."""
+model, the tuned draft shapes it carries (tuned.json: the by-batch rule, merging, bad files) and the bundled
+drafter's against their results."""
 import json
 import os
 
@@ -321,14 +322,22 @@ def test_bundled_drafter_shapes_are_the_tuned_results():
 
 
 def test_bundled_drafters_ship_in_the_wheel():
-    """pyproject's package-data globs cover every file of checkpoints/drafters, so a wheel install (not only an
-    editable one) finds the bundled drafter (setuptools expands them like glob(recursive=True))."""
+    """pyproject maps the top-level checkpoints/ folder to the package jspec.bundled, whose package-data globs
+    cover every file of checkpoints/drafters, so a wheel install (not only an editable one) finds the bundled
+    drafter (setuptools expands them like glob(recursive=True)); its explicit package list names every package
+    on disk (a new subpackage missing from it would be missing from the wheel)."""
     import glob
     import tomllib
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
-        patterns = tomllib.load(f)["tool"]["setuptools"]["package-data"]["checkpoints"]
+        st = tomllib.load(f)["tool"]["setuptools"]
+    on_disk = {os.path.relpath(r, root).replace(os.sep, ".") for top in ("jspec", "pallas_kernels")
+               for r, _, fs in os.walk(os.path.join(root, top)) if "__init__.py" in fs}
+    want = on_disk | {"jspec.bundled"}
+    assert set(st["packages"]) == want, sorted(set(st["packages"]) ^ want)
+    assert st["package-dir"] == {"jspec.bundled": "checkpoints"}
+    patterns = st["package-data"]["jspec.bundled"]
     pkg = os.path.join(root, "checkpoints")
     covered = {p for pat in patterns for p in glob.glob(pat, root_dir=pkg, recursive=True)
                if os.path.isfile(os.path.join(pkg, p))}

@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 import jax
 import numpy as np
 
-from checkpoints.orbax_io import restore_tree, save_tree
+from jspec.checkpoints.orbax_io import restore_tree, save_tree
 from jspec.config import ModelConfig
 
 FORMAT = "jspec-drafter"
