@@ -109,7 +109,7 @@ def run_devices(a, cfg, n, prompts, records, outs):
     common = dict(model=a.model_name, dtype=cfg.dtype, devices=n, impl=a.impl, L=L, B=B, new_tokens=a.new)
 
     t0 = time.perf_counter()
-    params = sharding.init_params(cfg, mesh, jax.random.key(0))
+    params = model.init_params(cfg, jax.random.key(0), mesh=mesh)
     wbytes = model.param_bytes(params)
     cache = sharding.init_cache(cfg, mesh, batch=B, capacity=capacity)
     logits, cache = prefill(params, cfg, prompts, cache, a.prefill_chunk, impl)
@@ -188,7 +188,7 @@ def memory_report(a, cfg, n, out_dir):
     spec_mod, SpecConfig = _speculative()
     spec = SpecConfig(method="vegas", gamma=a.gamma, budget=a.budget)
     capacity = -(-(a.L + a.new + spec.capacity_margin()) // 128) * 128
-    params = jax.eval_shape(lambda: sharding.init_params(cfg, mesh, jax.random.key(0)))
+    params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0), mesh=mesh))
     params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
                           sharding.param_shardings(cfg, mesh))
     cache = jax.eval_shape(lambda: kv_cache.init(cfg, batch=a.B, capacity=capacity))

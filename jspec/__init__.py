@@ -13,7 +13,7 @@ _logging.getLogger("transformers").addFilter(_no_torch_notice)
 from jspec.api import Model, Output, Stats, encode, generate, load
 from jspec.attention import AttnImpl
 from jspec.config import PRESETS, ModelConfig, RopeScaling, SamplingConfig, preset
-from jspec.decoding import InputError
+from jspec.errors import InputError
 from jspec.speculative.config import SpecConfig
 
 __all__ = ["AttnImpl", "InputError", "Model", "ModelConfig", "Output", "PRESETS", "RopeScaling",

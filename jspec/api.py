@@ -69,7 +69,7 @@ def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, prog
     fuse: hand out the runtime layout (`jspec.model.fuse_projections`: q/k/v and gate/up as one weight each,
       fewer kernels per layer); False keeps the stored layout (wq, wk, wv, w_gate, w_up).
     """
-    import checkpoints
+    from jspec import checkpoints
     from transformers import AutoTokenizer
 
     path = checkpoints.resolve(name_or_dir, progress=progress)
@@ -127,8 +127,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
     tree_widths, gamma (chain length), lookup (a prompt-lookup chain of this many tokens verified beside the
     tree, `SpecConfig.lookup`). With none of them (and no config) it drafts the tree the drafter was
-    tuned with for this batch size (`Drafter.widths_for(slots or batch)`, its tuned.json; the bundled one's
-    from H200 runs at L=8000), else SpecConfig's (4, 16, 16, 16, 16).
+    tuned with for this batch size (`Drafter.widths_for(slots or batch)`, its tuned.json, which records where
+    each shape was measured), else SpecConfig's (4, 16, 16, 16, 16).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     slots: run the prompts through this many batch slots with continuous batching (`jspec.speculative.serve`:
     a finished slot takes the next prompt) instead of as one static batch (also for "ar");
@@ -214,12 +214,12 @@ def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[
     Args:
       method: "ar" or a speculative method; None: the config's method, else "ar".
       config: None, a SpecConfig, a dict or the path of a JSON file such as `jspec tune` writes
-        (`jspec.speculative.tune.read_config` checks it); its fields are the defaults.
+        (`jspec.speculative.config.read_config` checks it); its fields are the defaults.
       knobs: SpecConfig fields given explicitly (None = not given); they override the config's.
     Raises:
       InputError: unknown method, bad knob, unreadable config, or speculative knobs for "ar".
     """
-    from jspec.speculative.tune import read_config
+    from jspec.speculative.config import read_config
 
     base = {} if config is None else read_config(config)
     given = {k: v for k, v in knobs.items() if v is not None}
@@ -237,12 +237,16 @@ def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[
 
 
 def bundled_drafter_dir(model: Model) -> str:
-    """Where a drafter for `model` ships with jspec: checkpoints/drafters/<model directory name>."""
+    """Where a drafter for `model` ships with jspec: drafters/<model directory name> in the top-level
+    checkpoints/ folder of a source tree (or editable install), or in jspec/bundled/ of a wheel install
+    (pyproject.toml maps the one to the other); the source tree's path when neither exists."""
     import os
 
-    import checkpoints
     name = os.path.basename(str(model.path).rstrip("/"))
-    return os.path.join(os.path.dirname(os.path.abspath(checkpoints.__file__)), "drafters", name)
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "bundled", "drafters", name)
+    source = os.path.join(os.path.dirname(here), "checkpoints", "drafters", name)
+    return installed if os.path.isdir(installed) else source
 
 
 def load_drafter_for(model: Model, drafter=None):

@@ -486,7 +486,7 @@ def run(a) -> int:
                          f" (commit {state['commit'][:12]}, tree {state['tree_hash']}); commit first, pass "
                          f"JSPEC_COMMIT=$(python -m jspec.provenance) on a machine without .git, or --allow-dirty")
 
-    import checkpoints
+    from jspec import checkpoints
     path = checkpoints.resolve(a.model, progress=True)
     max_pos = checkpoints.load_config(path).max_position
     if max(lengths) + a.new_tokens > max_pos:

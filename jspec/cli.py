@@ -7,15 +7,15 @@ import sys
 
 
 def cmd_fetch(*, model: str = "smollm2-135m", progress: bool = True) -> str:
-    import checkpoints
+    from jspec import checkpoints
     path = checkpoints.resolve(model, progress=progress)
     print(path)
     return path
 
 
 def cmd_convert(*, out: str, from_hf=None, from_gguf=None, dtype="bfloat16", overwrite=False, progress=True) -> str:
-    import checkpoints
-    from jspec.decoding import InputError
+    from jspec import checkpoints
+    from jspec.errors import InputError
     if (from_hf is None) == (from_gguf is None):
         raise InputError("give exactly one of --from-hf DIR or --from-gguf FILE")
     path = checkpoints.convert(out=out, from_hf=from_hf, from_gguf=from_gguf, dtype=dtype, overwrite=overwrite,
@@ -70,7 +70,9 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     else:  # default: real long documents from the running Python's standard library
         prompts = data.long_prompts(m.tokenizer, prompt_tokens, count=batch)
     # --exact: every decode / verification step's dense part on the row-independent Pallas kernels (steps of
-    # up to 64 tokens per row), so on a GPU in bf16 a speculative method's greedy output equals `--exact` ar's.
+    # up to 64 tokens per row), so bf16 rounding does not depend on how many tokens a step carries. As measured
+    # (docs/methods.md) a self-speculative method's greedy output then equals `--exact` ar's up to gamma 4
+    # without lookup tokens; longer steps, lookup tokens and longspec's tree attention can still differ.
     from jspec.attention import AttnImpl
     impl = AttnImpl(dense_rows=64 * batch) if exact else AttnImpl()
     # The file and the flags go through as given (generate merges them as spec_config did above), so a
@@ -95,7 +97,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
 
 
 def _widths(text: str) -> tuple:
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -107,7 +109,7 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     import re
 
     from jspec.config import SamplingConfig
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as e:
@@ -117,7 +119,7 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 def _read_text(path: str, flag: str) -> str:
     """A UTF-8 text file's contents; a missing, unreadable or binary file is an InputError naming the flag."""
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -187,7 +189,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
 
 def _numbers(text: str, kind, flag: str) -> list:
     """"0.01,0.02" -> [0.01, 0.02]; a bad entry is an InputError naming the flag."""
-    from jspec.decoding import InputError
+    from jspec.errors import InputError
     try:
         vals = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -238,15 +240,15 @@ def main(argv=None):
     g.add_argument("--topk", choices=["sort", "select"], default=None,
                    help="vegas: per-layer top-k by the threshold-search kernel (select, default) or lax.top_k (sort)")
     g.add_argument("--select-page", type=int, default=None, metavar="N",
-                   help="vegas: select whole aligned pages of N cache slots (summed scores) instead of single slots "
-                        "(default 1; 16 or 32 ran ~10%% faster at L=8000, B=64 on the H200, same tau; the budget "
-                        "must be a multiple of N)")
+                   help="vegas: select whole aligned pages of N cache slots (summed scores) instead of single slots: "
+                        "page-aligned reads are cheaper for the sparse kernel, at a small risk to acceptance "
+                        "(default 1; the budget must be a multiple of N; docs/performance.md)")
     g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
     g.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="speculative methods: also verify N tokens proposed by n-gram lookup over each row's "
                         "own text (prompt + output) in the same forward, after the drafts (longspec: beside its "
-                        "tree) (default 0: off; 8 made LongSpec 2.2-2.5x ar at L=8000, B=16 on the H200 on text "
-                        "the model keeps repeating, README)")
+                        "tree) (default 0: off). It pays on text the model keeps repeating, where lookup "
+                        "proposes long runs the drafts miss; docs/performance.md)")
     g.add_argument("--widths", default=None,
                    help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape the drafter was "
                         "tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")
@@ -274,8 +276,10 @@ def main(argv=None):
                    help="with --slots: prefill the next --refill prompts ahead and refill finished slots on the GPU "
                         "after every round instead of waiting for --refill free slots")
     g.add_argument("--exact", action="store_true",
-                   help="GPU, bf16: run each step's GEMMs on row-independent Pallas kernels so a speculative method's "
-                        "greedy tokens equal `--exact` ar's bit for bit (measured for vegas; ~8%% slower)")
+                   help="GPU, bf16: run each step's GEMMs on row-independent Pallas kernels, so rounding does not "
+                        "depend on the step's length (slower). As measured, a self-speculative method's greedy "
+                        "tokens then equal `--exact` ar's up to gamma 4 without --lookup; not so for longspec "
+                        "(docs/methods.md)")
 
     u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma (streaming/quest/vegas), or "
                                     "LongSpec's draft-shape search -> a config JSON for `generate --config`")
@@ -326,8 +330,8 @@ def main(argv=None):
     drafter_cli.add_selfgen_arguments(sg)
 
     a = p.parse_args(argv)
-    from checkpoints import CheckpointError
-    from jspec.decoding import InputError
+    from jspec.checkpoints import CheckpointError
+    from jspec.errors import InputError
     try:
         if a.cmd == "fetch":
             cmd_fetch(model=a.model)

@@ -3,7 +3,7 @@
 `ModelConfig` describes one decoder-only transformer of the Llama family (Llama 3.x, SmolLM2), Qwen2/2.5
 (q/k/v bias) or Qwen3 (q/k RMSNorm). `SamplingConfig` describes how logits become tokens.
 
-The in-memory parameter layout (one layout; every format translation lives in `checkpoints/`) is a plain
+The in-memory parameter layout (one layout; every format translation lives in `jspec/checkpoints/`) is a plain
 nested dict, layers stacked on a leading L axis (the forward unrolls the layer loop, model.py):
 
     embed        [V, D]

@@ -13,10 +13,7 @@ from flax import struct
 from jspec import kv_cache, model, sampling
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-
-
-class InputError(ValueError):
-    """A request that cannot be served as asked (empty prompt, prompt longer than the cache, ...)."""
+from jspec.errors import InputError  # noqa: F401  (re-exported: jspec.decoding.InputError)
 
 
 def check_request(lengths, *, capacity: int, max_new_tokens: int, vocab_size: int, tokens=None):

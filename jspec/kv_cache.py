@@ -40,17 +40,11 @@ def init(cfg: ModelConfig, *, batch: int, capacity: int, dtype=None) -> KVCache:
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
 
 
-def bytes_per_step(cache: KVCache) -> int:
-    """Bytes of K and V that one full-attention step reads at the current lengths (host-side helper)."""
-    per_token = 2 * cache.k.shape[0] * cache.k.shape[3] * cache.k.shape[4] * cache.k.dtype.itemsize
-    return int(jnp.sum(cache.lengths)) * per_token
-
-
 def write(k_all: jax.Array, v_all: jax.Array, layer, slots: jax.Array, k_new: jax.Array, v_new: jax.Array):
     """Scatter one layer's new entries into the stacked buffers.
 
     Args:
-      k_all, v_all: [L, B, S, K, H] buffers (carried through the layer scan so XLA updates them in place).
+      k_all, v_all: [L, B, S, K, H] buffers (threaded through the layers so XLA updates them in place).
       layer: int32 scalar layer index.
       slots: int32[B, T] destination slot of each new token (out-of-range slots are dropped).
       k_new, v_new: [B, T, K, H].
@@ -65,6 +59,3 @@ def rollback(cache: KVCache, lengths: jax.Array) -> KVCache:
     """Forget every entry at or beyond `lengths[b]` (O(1): only the lengths move)."""
     return cache.replace(lengths=jnp.minimum(lengths.astype(jnp.int32), cache.lengths))
 
-
-def advance(cache: KVCache, n_new: jax.Array) -> KVCache:
-    return cache.replace(lengths=cache.lengths + n_new.astype(jnp.int32))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import attention, kv_cache
+from jspec import attention, kv_cache, sharding
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig
 
@@ -248,8 +248,13 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     return logits, cache, aux
 
 
-def init_params(cfg: ModelConfig, key, *, scale: float = 0.02, dtype=None):
-    """Random parameters in the model's layout (speed work on the big presets; tests on tiny configs)."""
+def init_params(cfg: ModelConfig, key, *, scale: float = 0.02, dtype=None, mesh=None):
+    """Random parameters in the model's layout (speed work on the big presets; tests on tiny configs).
+    mesh: a tensor-parallel mesh (`sharding.make_mesh`): the weights are created directly in its sharded
+    layout (`sharding.param_shardings`), never whole on one device."""
+    if mesh is not None:
+        return jax.jit(lambda k: init_params(cfg, k, scale=scale, dtype=dtype),
+                       out_shardings=sharding.param_shardings(cfg, mesh))(key)
     dtype = jnp.dtype(dtype or cfg.dtype)
     L, D, N, K, H, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                            cfg.ffn_dim, cfg.vocab_size)

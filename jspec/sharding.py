@@ -113,7 +113,7 @@ def param_specs(cfg: ModelConfig, tp: str = "tp", tp_size: int = 1, fused: bool 
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh, fused: bool = False) -> dict:
-    """NamedShardings shaped like the parameter pytree (pass to `checkpoints.store.load(sharding=...)`)."""
+    """NamedShardings shaped like the parameter pytree (pass to `jspec.checkpoints.store.load(sharding=...)`)."""
     axis = tp_axis(mesh)
     check_divisible(cfg, mesh.shape[axis])
     specs = param_specs(cfg, axis, mesh.shape[axis], fused)
@@ -155,11 +155,3 @@ def _init_cache_fn(cfg, mesh, batch, capacity, dtype):
     return jax.jit(lambda: kv_cache.init(cfg, batch=batch, capacity=capacity, dtype=dtype),
                    out_shardings=cache_sharding(mesh))
 
-
-def init_params(cfg: ModelConfig, mesh: Mesh, key, *, scale: float = 0.02, dtype=None):
-    """`model.init_params` created directly in the sharded layout (random weights of big presets)."""
-    from jspec import model
-
-    fn = jax.jit(lambda k: model.init_params(cfg, k, scale=scale, dtype=dtype),
-                 out_shardings=param_shardings(cfg, mesh))
-    return fn(key)

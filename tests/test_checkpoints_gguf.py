@@ -1,4 +1,4 @@
-"""checkpoints/gguf.py: tiny GGUF files written with gguf.GGUFWriter in several tensor types, read back.
+"""jspec/checkpoints/gguf.py: tiny GGUF files written with gguf.GGUFWriter in several tensor types, read back.
 
 Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/BF16 are quantized with `gguf.quants.quantize`, and the read weights must equal
 `dequantize(quantize(w))` exactly. `gguf` cannot quantize the K types, so Q4_K/Q5_K/Q6_K blocks are packed
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from checkpoints import CheckpointError, convert, load, read_gguf
-from checkpoints.gguf import llama3_rope_factors, permute_rows, unpermute_rows
+from jspec.checkpoints import CheckpointError, convert, load, read_gguf
+from jspec.checkpoints.gguf import llama3_rope_factors, permute_rows, unpermute_rows
 from conftest import random_params, tiny_config
 from test_checkpoints import assert_same, leftovers, to_hf
 
@@ -153,8 +153,8 @@ def write_gguf(path, params, cfg, qtype=Q.F32, arch=None, hf=None, extra=None, t
 
 def from_hf(tensors, cfg):
     """Hugging Face-orientation tensors -> our layout (that mapping is checked exactly by the F32 tests)."""
-    from checkpoints.hf import _our_name
-    from checkpoints.layout import Collector
+    from jspec.checkpoints.hf import _our_name
+    from jspec.checkpoints.layout import Collector
 
     c = Collector(cfg, "expected")
     for name, x in tensors.items():

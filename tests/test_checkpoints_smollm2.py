@@ -4,8 +4,8 @@ import os
 import ml_dtypes
 import numpy as np
 
-from checkpoints import load, load_config
-from checkpoints.fetch import KNOWN, cache_root, sha256_file
+from jspec.checkpoints import load, load_config
+from jspec.checkpoints.fetch import KNOWN, cache_root, sha256_file
 from jspec.config import PRESETS
 
 

@@ -85,7 +85,7 @@ def _worker(out_dir):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import jax
-    from checkpoints import save
+    from jspec.checkpoints import save
     from conftest import random_params, tiny_config
 
     import jspec

@@ -1,6 +1,6 @@
-"""LongSpec drafter: training regimes against hand-computed cases, ring-buffer inference against the
-training forward, bounded cache, training / resume / export on a tiny model, the tuned draft shapes it
-carries (tuned.json: the by-batch rule, merging, bad files) and the bundled drafter's against their results."""
+"""LongSpec drafter: training regimes against hand-computed cases, training / resume / export on a tiny
+model, the tuned draft shapes it carries (tuned.json: the by-batch rule, merging, bad files) and the bundled
+drafter's against their results."""
 import json
 import os
 
@@ -12,9 +12,9 @@ import pytest
 from jspec import kv_cache
 from jspec.api import Model
 from jspec.config import preset
-from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_bytes, drafter_forward_train,
-                           drafter_prefill, drafter_step, init_drafter_cache, init_drafter_params, load_drafter,
-                           noisy_cross_len, read_shapes, sample_anchor_positions, save_drafter, write_shape)
+from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_forward_train, init_drafter_params,
+                           load_drafter, noisy_cross_len, read_shapes, sample_anchor_positions, save_drafter,
+                           write_shape)
 from jspec.drafter.train import drafter_loss, lr_at, target_last_kv, train_drafter
 from jspec.model import forward
 
@@ -81,90 +81,6 @@ def test_init_final_norm_from_target():
 
 
 # --- inference == training ---------------------------------------------------------------------------------
-
-def test_ring_buffer_step_matches_training_forward():
-    """Chunks of 1, 3 and 9 tokens over 37 tokens with a window of 8: every position's logits equal the
-    training forward's with the same cross-attention visibility (per-row target lengths, varying by chunk)."""
-    cfg, tp = _tiny("llama")
-    W, T, B = 8, 37, 2
-    dp = init_drafter_params(cfg, jax.random.key(1), target_params=tp, scale=0.3)
-    keys = jax.random.split(jax.random.key(2), 3)
-    tokens = jax.random.randint(keys[0], (B, T), 0, cfg.vocab_size)
-    tk = jax.random.normal(keys[1], (B, T, cfg.n_kv_heads, cfg.head_dim))
-    tv = jax.random.normal(keys[2], (B, T, cfg.n_kv_heads, cfg.head_dim))
-
-    sizes = [1, 9, 3, 1, 9, 3, 1, 9, 1]                       # 3 shapes to compile; chunks longer than W
-    assert sum(sizes) == T
-    dcache = init_drafter_cache(cfg, batch=B, window=W)
-    step = jax.jit(drafter_step, static_argnames=("cfg",))
-    got, cross_len, a = [], np.zeros((B, T), np.int32), 0
-    for c, n in enumerate(sizes):
-        tlen = np.array([max(a - c % 3, 0), a], np.int32)     # row 0 lags 0..2 tokens behind, row 1 none
-        cross_len[:, a:a + n] = tlen[:, None]
-        logits, dcache = step(dp, tp, cfg, tokens[:, a:a + n], dcache, tk, tv, jnp.asarray(tlen))
-        got.append(logits)
-        a += n
-        assert dcache.k.shape == (B, W, cfg.n_kv_heads, cfg.head_dim)
-    got = jnp.concatenate(got, axis=1)
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    train_fwd = jax.jit(drafter_forward_train, static_argnames=("cfg", "window"))
-    want = train_fwd(dp, tp, cfg, tokens, positions, tk, tv, jnp.asarray(cross_len), window=W)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-    np.testing.assert_array_equal(dcache.lengths, [T, T])
-    np.testing.assert_array_equal(np.sort(np.asarray(dcache.pos), axis=1), np.arange(T - W, T)[None].repeat(B, 0))
-    # the window matters: a wider one gives different logits late in the sequence
-    wide = train_fwd(dp, tp, cfg, tokens, positions, tk, tv, jnp.asarray(cross_len), window=16)
-    assert np.abs(np.asarray(wide - want)[:, 20:]).max() > 1e-3
-
-
-def test_prefill_ragged_then_step_matches_training_forward():
-    """qwen3 (tied head): a ragged prompt batch (one row longer than the window, one shorter) prefilled from
-    its last W tokens, then a 3-token chunk; both equal the training forward over the whole sequence."""
-    cfg, tp = _tiny("qwen3")
-    W, P, B = 8, 20, 2
-    dp = init_drafter_params(cfg, jax.random.key(3), target_params=tp, scale=0.3)
-    keys = jax.random.split(jax.random.key(4), 3)
-    seq = jax.random.randint(keys[0], (B, P + 3), 0, cfg.vocab_size)
-    tk = jax.random.normal(keys[1], (B, P + 3, cfg.n_kv_heads, cfg.head_dim))
-    tv = jax.random.normal(keys[2], (B, P + 3, cfg.n_kv_heads, cfg.head_dim))
-    plen = np.array([P, 5])
-    prompt = jnp.where(jnp.arange(P)[None] < plen[:, None], seq[:, :P], 0)
-    prefill = jax.jit(drafter_prefill, static_argnames=("cfg", "window"))
-    logits, dc = prefill(dp, tp, cfg, prompt, plen, tk, tv, plen - 1, window=W)
-    np.testing.assert_array_equal(dc.lengths, plen)
-    nxt = jnp.take_along_axis(seq, jnp.asarray(plen)[:, None] + jnp.arange(3)[None], axis=1)
-    logits2, dc = jax.jit(drafter_step, static_argnames=("cfg",))(dp, tp, cfg, nxt, dc, tk, tv, jnp.asarray(plen))
-    # Training-mode reference on the whole sequence (causal, so row b's padding beyond plen+3 is harmless):
-    # the prompt's last token saw target slots < plen - 1, the chunk saw < plen.
-    t = np.arange(P + 3)[None]
-    cl = np.where(t < plen[:, None], plen[:, None] - 1, plen[:, None]).astype(np.int32)
-    want = drafter_forward_train(dp, tp, cfg, seq, jnp.broadcast_to(jnp.arange(P + 3), (B, P + 3)), tk, tv,
-                                 jnp.asarray(cl), window=W)
-    for b in range(B):
-        L = int(plen[b])
-        np.testing.assert_allclose(logits[b, 0], want[b, L - 1], rtol=2e-5, atol=2e-5)
-        np.testing.assert_allclose(logits2[b], want[b, L:L + 3], rtol=2e-5, atol=2e-5)
-
-
-def test_drafter_cache_size_independent_of_context():
-    cfg = preset("smollm2-135m")
-    dp = jax.eval_shape(lambda: init_drafter_params(cfg, jax.random.key(0)))
-    tp = {"embed": jax.ShapeDtypeStruct((cfg.vocab_size, cfg.d_model), jnp.bfloat16),
-          "final_norm": jax.ShapeDtypeStruct((cfg.d_model,), jnp.bfloat16)}
-    B = 4
-
-    def shapes(S):
-        tk = jax.ShapeDtypeStruct((B, S, cfg.n_kv_heads, cfg.head_dim), jnp.bfloat16)
-        dc = jax.eval_shape(lambda: init_drafter_cache(cfg, batch=B))
-        tl = jax.ShapeDtypeStruct((B,), jnp.int32)
-        tok = jax.ShapeDtypeStruct((B, 1), jnp.int32)
-        return jax.eval_shape(lambda *a: drafter_step(*a[:2], cfg, *a[2:]), dp, tp, tok, dc, tk, tk, tl)
-
-    (l1, c1), (l2, c2) = shapes(1024), shapes(100_000)
-    assert jax.tree.map(lambda x: (x.shape, x.dtype), c1) == jax.tree.map(lambda x: (x.shape, x.dtype), c2)
-    assert c1.k.shape == (B, 512, cfg.n_kv_heads, cfg.head_dim) and l1.shape == (B, 1, cfg.vocab_size)
-    assert drafter_bytes(c1) == B * (2 * 512 * 3 * 64 * 2 + 512 * 4 + 4)     # 0.75 MiB per sequence
-
 
 def test_target_last_kv_matches_plain_prefill():
     """The anchor-offset target forward (empty cache + Tree(depth=positions, causal mask)) equals a plain
@@ -406,14 +322,22 @@ def test_bundled_drafter_shapes_are_the_tuned_results():
 
 
 def test_bundled_drafters_ship_in_the_wheel():
-    """pyproject's package-data globs cover every file of checkpoints/drafters, so a wheel install (not only an
-    editable one) finds the bundled drafter (setuptools expands them like glob(recursive=True))."""
+    """pyproject maps the top-level checkpoints/ folder to the package jspec.bundled, whose package-data globs
+    cover every file of checkpoints/drafters, so a wheel install (not only an editable one) finds the bundled
+    drafter (setuptools expands them like glob(recursive=True)); its explicit package list names every package
+    on disk (a new subpackage missing from it would be missing from the wheel)."""
     import glob
     import tomllib
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
-        patterns = tomllib.load(f)["tool"]["setuptools"]["package-data"]["checkpoints"]
+        st = tomllib.load(f)["tool"]["setuptools"]
+    on_disk = {os.path.relpath(r, root).replace(os.sep, ".") for top in ("jspec", "pallas_kernels")
+               for r, _, fs in os.walk(os.path.join(root, top)) if "__init__.py" in fs}
+    want = on_disk | {"jspec.bundled"}
+    assert set(st["packages"]) == want, sorted(set(st["packages"]) ^ want)
+    assert st["package-dir"] == {"jspec.bundled": "checkpoints"}
+    patterns = st["package-data"]["jspec.bundled"]
     pkg = os.path.join(root, "checkpoints")
     covered = {p for pat in patterns for p in glob.glob(pat, root_dir=pkg, recursive=True)
                if os.path.isfile(os.path.join(pkg, p))}

@@ -515,7 +515,7 @@ def test_config_and_missing_drafter():
 def test_real_model_f32_greedy_identical(smollm2_ckpt, which):
     """SmolLM2-135M in float32, a ragged batch of ~300 / ~500-token stdlib prompts, 32 new tokens, the default
     tree (4, 16, 16, 16, 16) (and with a lookup chain of 6): token-identical to plain greedy decoding."""
-    import checkpoints
+    from jspec import checkpoints
     from transformers import AutoTokenizer
 
     from jspec import data

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import checkpoints
-from checkpoints import read_hf
+from jspec import checkpoints
+from jspec.checkpoints import read_hf
 from jspec import kv_cache, model
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow   # real-model tests (see pyproject's markers)
 
 @pytest.fixture(scope="module")
 def real(smollm2_ckpt):
-    import checkpoints
+    from jspec import checkpoints
     from transformers import AutoTokenizer
 
     params, cfg = checkpoints.load(smollm2_ckpt)

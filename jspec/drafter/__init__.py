@@ -1,23 +1,16 @@
-"""LongSpec drafter: one decoder block over the target's last-layer KV cache, and its training.
+"""LongSpec drafter: one decoder block over the target's last-layer KV cache, and its store.
 
-The model functions import light; `train_drafter` (optax, orbax, tqdm, matplotlib) is loaded on first use.
+Training (`jspec.drafter.train.train_drafter`, `jspec train-drafter`) and training text (`jspec.drafter.selfgen`)
+are offline tools on top of the public API (`jspec.api`); this package does not import them, so the API can
+import the drafter without a cycle.
 """
-from .model import (DEFAULT_WINDOW, DrafterCache, attend, drafter_bytes, drafter_commit, drafter_fill,
-                    drafter_forward_train, drafter_prefill, drafter_step, drafter_tree_step, init_drafter_cache,
-                    init_drafter_params)
+from .model import (DEFAULT_WINDOW, DrafterCache, attend, drafter_commit, drafter_fill, drafter_forward_train,
+                    drafter_tree_step, init_drafter_cache, init_drafter_params)
 from .positions import anchor_positions, cross_mask, noisy_cross_len, sample_anchor_positions, sample_lag
 from .store import Drafter, load_drafter, read_shapes, save_drafter, write_shape
 
-__all__ = ["DEFAULT_WINDOW", "Drafter", "DrafterCache", "anchor_positions", "attend", "cross_mask", "drafter_bytes",
-           "drafter_commit", "drafter_fill", "drafter_forward_train", "drafter_prefill", "drafter_step",
-           "drafter_tree_step", "init_drafter_cache", "init_drafter_params",
+__all__ = ["DEFAULT_WINDOW", "Drafter", "DrafterCache", "anchor_positions", "attend", "cross_mask",
+           "drafter_commit", "drafter_fill", "drafter_forward_train", "drafter_tree_step", "init_drafter_cache",
+           "init_drafter_params",
            "load_drafter", "noisy_cross_len", "read_shapes", "sample_anchor_positions", "sample_lag", "save_drafter",
-           "train_drafter", "write_shape"]
-
-
-def __getattr__(name):
-    if name == "train_drafter":
-        from .train import train_drafter
-
-        return train_drafter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+           "write_shape"]

@@ -16,15 +16,15 @@ The block is Llama-style whatever the target's arch (no q/k/v bias, no q/k norm)
 scratch, so Qwen2's biases and Qwen3's q/k norms buy nothing; only the RoPE tables follow the target.
 
 Two entry points share one block: `drafter_forward_train` (a whole packed sequence, causal sliding-window
-self-attention, per-query cross-attention visibility) and `drafter_step` (incremental, over a ring buffer
-of exactly W slots per sequence, so the drafter's memory does not grow with the context; the public
-LongSpec code allocates its drafter cache at full length).
+self-attention, per-query cross-attention visibility) and `drafter_tree_step` (one level of a draft tree,
+incremental over a ring buffer of exactly W slots per sequence, so the drafter's memory does not grow with
+the context; the public LongSpec code allocates its drafter cache at full length).
 
 A property of a one-block drafter used below: the self-attention K/V of token j depend only on token j and
 its position (they are projected from the embedding, before any attention). So the ring only ever needs
 the last W tokens, a prompt of any length is "prefilled" by projecting its last W tokens
-(`drafter_prefill`), and rollback after a rejected draft is unnecessary: callers keep the cache from
-before drafting and re-feed the accepted tokens (+ bonus) in one ragged `drafter_step`.
+(`drafter_fill`), and rollback after a rejected draft is unnecessary: the tree's nodes live in a per-round
+buffer, and `drafter_commit` appends the accepted path's K/V to the ring.
 """
 from __future__ import annotations
 
@@ -210,64 +210,6 @@ def drafter_forward_train(dparams, tparams, cfg: ModelConfig, tokens, positions,
     return _after_self(dparams, tparams, cfg, x, o, positions, target_k, target_v, cross_visible, logits_at)
 
 
-def drafter_step(dparams, tparams, cfg: ModelConfig, tokens, dcache: DrafterCache, target_k_last, target_v_last,
-                 target_len, *, n_new=None, logits_at=None):
-    """Run T new tokens per sequence through the drafter, appending their K/V to the ring.
-
-    Row b's token t has sequence index (and RoPE position) dcache.lengths[b] + t. Self-attention sees the
-    ring entries and the chunk's own keys with index in (idx - W, idx]; the ring is written after the
-    attention, so a chunk may be longer than the window.
-
-    Args:
-      tokens: int32[B, T].
-      dcache: the ring (W = dcache.window slots).
-      target_k_last, target_v_last: [B, S, K, H] the target's last-layer cache (k_all[L-1], v_all[L-1]).
-      target_len: int32[B] (or [B, T]): queries see target slots j < target_len. With the usual lag (the
-        target has verified everything before the chunk's last token) only the last row is a real draft;
-        earlier rows exist to put their K/V in the ring, which does not depend on the cross-attention.
-      n_new: optional int32[B]: only the first n_new[b] tokens are real (ragged commit after verification);
-        the rest are padding, never written. Default T.
-      logits_at: optional int32[B, R] rows whose logits to return; default all T.
-    Returns:
-      (logits f32[B, T or R, V], the updated cache).
-    """
-    B, T = tokens.shape
-    W = dcache.window
-    start = dcache.lengths
-    idx = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None]                        # [B, T]
-    n_new = jnp.full((B,), T, jnp.int32) if n_new is None else jnp.asarray(n_new, jnp.int32)
-    real = jnp.arange(T, dtype=jnp.int32)[None] < n_new[:, None]                        # [B, T]
-    x = _embed(tparams, tokens)
-    q, k, v = _self_qkv(dparams, cfg, x, idx)
-
-    ring_pos = jnp.where((dcache.pos >= 0) & (dcache.pos < start[:, None]), dcache.pos, -1)
-    key_pos = jnp.concatenate([ring_pos, jnp.where(real, idx, -1)], axis=1)            # [B, W + T]
-    kp, qp = key_pos[:, None, :], idx[:, :, None]
-    self_visible = (kp >= 0) & (kp <= qp) & (kp > qp - W)                               # [B, T, W + T]
-    keys = jnp.concatenate([dcache.k.astype(k.dtype), k], axis=1)
-    vals = jnp.concatenate([dcache.v.astype(v.dtype), v], axis=1)
-    o = attend(q, keys, vals, self_visible)
-
-    target_len = jnp.asarray(target_len, jnp.int32)
-    tl = target_len[:, None] if target_len.ndim == 1 else target_len                    # [B, 1 or T]
-    j = jnp.arange(target_k_last.shape[1], dtype=jnp.int32)
-    cross_visible = j[None, None, :] < tl[:, :, None]
-    logits = _after_self(dparams, tparams, cfg, x, o, idx, target_k_last, target_v_last, cross_visible,
-                         logits_at)
-
-    # Only the last W real tokens of the chunk survive; the others (and padding) go to slot W: dropped.
-    t = jnp.arange(T, dtype=jnp.int32)[None]
-    keep = real & (t >= n_new[:, None] - W)
-    slots = jnp.where(keep, idx % W, W)
-    b = jnp.arange(B, dtype=jnp.int32)[:, None]
-    new = DrafterCache(
-        k=dcache.k.at[b, slots].set(k.astype(dcache.k.dtype), mode="drop"),
-        v=dcache.v.at[b, slots].set(v.astype(dcache.v.dtype), mode="drop"),
-        pos=dcache.pos.at[b, slots].set(idx, mode="drop"),
-        lengths=start + n_new)
-    return logits, new
-
-
 def drafter_tree_step(dparams, tparams, cfg: ModelConfig, tokens, depth, dcache: DrafterCache, tree_k, tree_v,
                       slots, visible, target_k_last=None, target_v_last=None, target_len=None, *, cross_fn=None):
     """Run one level of a draft tree through the drafter (LongSpec tree drafting, docs/methods.md).
@@ -285,7 +227,8 @@ def drafter_tree_step(dparams, tparams, cfg: ModelConfig, tokens, depth, dcache:
       tree_k, tree_v: [B, M, K, H] the round's node buffer; slots: int32[B, T] where this level's K/V go.
       visible: bool[B, T, M] buffer slots each node attends to (ancestor-or-self; the new K/V are written
         before attending, so a node sees itself).
-      target_k_last, target_v_last, target_len: as in `drafter_step`; or
+      target_k_last, target_v_last: [B, S, K, H] the target's last-layer cache (k_all[L-1], v_all[L-1]);
+      target_len: int32[B] (or [B, T]): queries see target slots j < target_len; or
       cross_fn: cross_fn(q [B, T, N, H]) -> [B, T, N, H], the cross-attention done by the caller (the
         speculative engine runs it with a kernel over the target's stacked cache, so its cost follows the
         context length rather than the cache capacity).
@@ -345,9 +288,9 @@ def drafter_fill(dparams, tparams, cfg: ModelConfig, prompt, prompt_len, *, wind
                  dtype=None) -> DrafterCache:
     """A ring holding a (right-padded, ragged) prompt: the self K/V of each row's last min(W, len) tokens.
 
-    Unlike `drafter_prefill` nothing attends (no logits, no cross-attention over the target's cache), so the
-    cost is one projection of W tokens whatever the context: what a decoding loop needs when its first draft
-    starts from a token after the prompt (lengths = prompt_len).
+    Nothing attends (no logits, no cross-attention over the target's cache), so the cost is one projection
+    of W tokens whatever the context: what a decoding loop needs when its first draft starts from a token
+    after the prompt (lengths = prompt_len).
     """
     B, P = prompt.shape
     Wc = min(window, P)
@@ -360,33 +303,3 @@ def drafter_fill(dparams, tparams, cfg: ModelConfig, prompt, prompt_len, *, wind
     _, k, v = _self_qkv(dparams, cfg, x, first[:, None] + jnp.arange(Wc, dtype=jnp.int32)[None])
     dcache = init_drafter_cache(cfg, batch=B, window=window, dtype=dtype, lengths=first)
     return drafter_commit(dcache, k, v, n)
-
-
-def drafter_prefill(dparams, tparams, cfg: ModelConfig, prompt, prompt_len, target_k_last, target_v_last,
-                    target_len, *, window: int = DEFAULT_WINDOW, dtype=None):
-    """Fill a fresh ring from a (right-padded, ragged) prompt and draft from its last token.
-
-    Only the last min(W, len) prompt tokens are run (their K/V depend on nothing else), so the cost is
-    O(W) whatever the prompt length.
-
-    Args:
-      prompt: int32[B, P] right-padded; prompt_len: int32[B] real lengths (>= 1).
-      target_k_last, target_v_last, target_len: as in `drafter_step`.
-    Returns:
-      (logits f32[B, 1, V] at each row's last prompt token, the cache with lengths = prompt_len).
-    """
-    B, P = prompt.shape
-    Wc = min(window, P)                                    # chunk of the last Wc tokens
-    prompt_len = jnp.asarray(prompt_len, jnp.int32)
-    n = jnp.minimum(prompt_len, Wc)
-    first = prompt_len - n
-    gather = jnp.clip(first[:, None] + jnp.arange(Wc, dtype=jnp.int32)[None], 0, P - 1)
-    chunk = jnp.take_along_axis(prompt, gather, axis=1)
-    dcache = init_drafter_cache(cfg, batch=B, window=window, dtype=dtype, lengths=first)
-    return drafter_step(dparams, tparams, cfg, chunk, dcache, target_k_last, target_v_last, target_len,
-                        n_new=n, logits_at=(n - 1)[:, None])
-
-
-def drafter_bytes(dcache: DrafterCache) -> int:
-    """Bytes the drafter's own cache occupies (independent of the context length)."""
-    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(dcache))

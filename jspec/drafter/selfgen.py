@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from jspec import data as _data
-from jspec.decoding import InputError
+from jspec.errors import InputError
 
 from .data import tokenize
 

@@ -22,6 +22,7 @@ from typing import NamedTuple, Optional
 import jax
 import numpy as np
 
+from jspec.checkpoints.orbax_io import restore_tree, save_tree
 from jspec.config import ModelConfig
 
 FORMAT = "jspec-drafter"
@@ -60,7 +61,7 @@ def save_drafter(path: str, dparams: dict, cfg: ModelConfig, *, window: int, dty
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o777 & ~mask)   # mkdtemp makes it private (0700); the export is a normal directory
-        _checkpointer().save(os.path.join(tmp, "params"), args=_ocp().args.StandardSave(arrays))
+        save_tree(os.path.join(tmp, "params"), arrays)
         cfg_json = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": cfg.to_dict(), "window": window,
                     "dtype": dtype, "params": {k: list(a.shape) for k, a in arrays.items()}, "meta": meta or {}}
         with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -93,8 +94,7 @@ def load_drafter(path: str, *, dtype: Optional[str] = None) -> Drafter:
     stored = _np_dtype(meta["dtype"])
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {k: jax.ShapeDtypeStruct(tuple(s), stored, sharding=sharding) for k, s in meta["params"].items()}
-    params = _checkpointer().restore(os.path.abspath(os.path.join(path, "params")),
-                                     args=_ocp().args.StandardRestore(target))
+    params = restore_tree(os.path.abspath(os.path.join(path, "params")), target)
     if dtype is not None:
         params = jax.tree.map(lambda x: x.astype(_np_dtype(dtype)), params)
     return Drafter(params=params, cfg=ModelConfig.from_dict(meta["model"]), window=int(meta["window"]),
@@ -161,13 +161,3 @@ def _np_dtype(name: str):
 
     return {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[name]
 
-
-def _ocp():
-    import orbax.checkpoint as ocp
-
-    return ocp
-
-
-def _checkpointer():
-    ocp = _ocp()
-    return ocp.Checkpointer(ocp.StandardCheckpointHandler())

@@ -1,4 +1,4 @@
-"""MagicDec-style Quest draft: query-aware page selection (Tang et al. 2024, "Quest"; DESIGN.md section 4).
+"""MagicDec-style Quest draft: query-aware page selection (Tang et al. 2024, "Quest"; docs/methods.md).
 
 Per page of `page_size` slots the cache keeps per-channel min and max keys per layer and KV head. Each draft
 step, in each layer, scores the complete pages with that step's own queries,

@@ -35,7 +35,6 @@ by it for contexts up to the tuned length.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -48,8 +47,10 @@ import numpy as np
 
 from jspec.attention import AttnImpl
 from jspec.config import SamplingConfig
-from jspec.decoding import InputError
+from jspec.errors import InputError
 from jspec.speculative.config import METHODS, SpecConfig
+# The config-file helpers live beside SpecConfig (the API reads config files too); kept importable from here.
+from jspec.speculative.config import draft_widths, read_config, write_config  # noqa: F401
 
 DEFAULT_RATIOS = (0.01, 0.02, 0.05, 0.1, 0.2)
 DEFAULT_GAMMAS = (2, 3, 4, 6, 8)
@@ -460,91 +461,3 @@ def _ar_note(result: dict) -> str:
     if x < 1.0:
         note += "; NOTE: plain decoding is faster at this batch and context (generate --method ar)"
     return note
-
-
-# ------------------------------------------------------------------------------------------ config files
-
-def write_config(path: str, config: dict) -> str:
-    """Write a tuned config as JSON atomically (temp file + rename)."""
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(config, f, indent=1)
-    os.replace(tmp, path)
-    return path
-
-
-def draft_widths(result: dict) -> list:
-    """The draft shape a longspec tuning result chose, as widths per level (a chain of g steps: g ones), the form
-    a drafter's tuned.json keeps (`jspec.drafter.write_shape`)."""
-    return [1] * int(result["gamma"]) if result["mode"] == "chain" else [int(w) for w in result["tree_widths"]]
-
-
-def read_config(src) -> dict:
-    """The SpecConfig fields of a tuned config: a JSON file path, its dict, or a SpecConfig.
-
-    Other keys (measurements, model, device, ...) are ignored. The fields are checked on their own (types,
-    a known speculative method, SpecConfig's own rules), so a bad file fails with its name in the message.
-    Raises:
-      InputError: missing or unreadable file, invalid JSON, wrong types, unknown method.
-    """
-    if isinstance(src, SpecConfig):
-        return dataclasses.asdict(src)
-    where = "config"
-    if isinstance(src, (str, os.PathLike)):
-        where = f"config file {os.fspath(src)}"
-        try:
-            with open(src, encoding="utf-8") as f:
-                src = json.load(f)
-        except FileNotFoundError:
-            raise InputError(f"{where} does not exist (write one with `jspec tune --out FILE`)") from None
-        except IsADirectoryError:
-            raise InputError(f"{where} is a directory, not a JSON file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"{where} is not valid JSON ({e})") from None
-        except OSError as e:
-            raise InputError(f"cannot read {where}: {e.strerror or e}") from None
-    if not isinstance(src, dict):
-        raise InputError(f"{where} must be a JSON object with the SpecConfig fields, got {type(src).__name__}")
-    if "method" not in src:
-        raise InputError(f"{where} names no \"method\" (one of {', '.join(METHODS)})")
-    knobs = {}
-    for f in dataclasses.fields(SpecConfig):
-        if f.name in src:
-            knobs[f.name] = _field_value(where, f, src[f.name])
-    if knobs["method"] not in METHODS:
-        raise InputError(f"{where} names an unknown speculative method {knobs['method']!r}; "
-                         f"available: {', '.join(METHODS)}")
-    try:
-        SpecConfig(**knobs)
-    except InputError as e:
-        raise InputError(f"{where}: {e}") from None
-    return knobs
-
-
-def _field_value(where: str, field: dataclasses.Field, v):
-    """A JSON value checked against a SpecConfig field's annotation (a JSON list becomes a tuple)."""
-    ann = str(field.type)   # a string here: `from __future__ import annotations` in config.py
-    if v is None and "Optional" in ann:
-        return None
-    if "tuple" in ann:
-        if isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            return tuple(v)
-        want = "a list of integers"
-    elif "float" in ann:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-        want = "a number"
-    elif "int" in ann:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        want = "an integer"
-    elif "str" in ann:
-        if isinstance(v, str):
-            return v
-        want = "a string"
-    else:
-        return v
-    raise InputError(f"{where}: \"{field.name}\" must be {want}" + (" or null" if "Optional" in ann else "")
-                     + f", got {json.dumps(v)}")

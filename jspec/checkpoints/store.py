@@ -25,6 +25,7 @@ import numpy as np
 from jspec.config import ModelConfig
 
 from .layout import CheckpointError, check_params, numpy_dtype
+from .orbax_io import restore_tree, save_tree, tree_metadata
 
 FORMAT = "jspec-checkpoint"
 FORMAT_VERSION = 1
@@ -58,7 +59,7 @@ def save(out_dir: str, params: dict, cfg: ModelConfig, tokenizer_src: Union[str,
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private (0700); a checkpoint is a normal dir
         arrays = _to_cpu_arrays(params, dtype)
-        _checkpointer().save(os.path.join(tmp, "params"), args=_ocp().args.StandardSave(arrays))
+        save_tree(os.path.join(tmp, "params"), arrays)
         tokenizer = _write_tokenizer(tokenizer_src, os.path.join(tmp, "tokenizer"))
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "model": cfg.to_dict(),
@@ -100,7 +101,7 @@ def load(ckpt_dir: str, dtype: Optional[str] = None, sharding: Any = None) -> tu
     if not os.path.isdir(path):
         raise CheckpointError(f"{ckpt_dir} has no params/ directory; the checkpoint is incomplete: {_CONVERT_HINT}")
     try:
-        stored = _checkpointer().metadata(path).item_metadata.tree
+        stored = tree_metadata(path)
     except Exception as e:
         raise CheckpointError(f"cannot read the weight metadata in {path} ({_first_line(e)}); the "
                               f"checkpoint is corrupt: {_CONVERT_HINT}") from e
@@ -115,7 +116,7 @@ def load(ckpt_dir: str, dtype: Optional[str] = None, sharding: Any = None) -> tu
     target = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(tuple(m.shape), numpy_dtype(cfg.dtype), sharding=s),
                           stored, sharding)
     try:
-        params = _checkpointer().restore(path, args=_ocp().args.StandardRestore(target))
+        params = restore_tree(path, target)
     except Exception as e:  # tensorstore / zarr errors on truncated or damaged chunk files
         raise CheckpointError(f"cannot read the weights in {path}: the files are truncated or corrupt "
                               f"({_first_line(e)}); {_CONVERT_HINT}") from e
@@ -205,13 +206,3 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
             out[prefix + k] = v
     return out
 
-
-def _ocp():
-    import orbax.checkpoint as ocp
-
-    return ocp
-
-
-def _checkpointer():
-    ocp = _ocp()
-    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
