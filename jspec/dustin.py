@@ -1,0 +1,210 @@
+"""Dustin (draft-augmented sparse verification): the selection core, as pure functions.
+
+Notes and CHOICE marks: shared/DUSTIN.md sections 1-4. This module only picks positions and measures them; it
+is not wired into the engine yet (no signal collection, no sparse verification, no profiling).
+
+    select_verify       I_verify per sequence: sink + local window, tier 1 top-m by the draft-lookahead
+                        signal A_D, tier 2 the rest by the target-historical signal A_T (DUSTIN.md section 3)
+    attention_recovery  ARR: the softmax attention mass that falls on the selected positions (section 4)
+    softmax_weights     dense softmax(q.k / sqrt(d)) over the valid cache positions (GQA), for ARR
+
+Index layout: the one `jspec.selection` uses and the sparse kernels take: `idx[B, budget]` int32 with the
+selected positions in `idx[b, :n_valid[b]]`, ascending and distinct, and 0 in every slot after them (padding the
+caller ignores). `budget` is static, `n_valid` dynamic, so selections change every round without recompiling.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def _check(budget, sink, window, m, page):
+    """Validate the static arguments; return (m, pages of budget, sink pages, max window pages, tier-1 pages)."""
+    for name, v in (("budget", budget), ("sink", sink), ("window", window), ("page", page)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{name} must be a Python int (a static argument), got {v!r}")
+    if page < 1:
+        raise ValueError(f"page must be >= 1, got {page}")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if sink < 0 or window < 0:
+        raise ValueError(f"sink and window must be >= 0, got sink={sink}, window={window}")
+    if budget % page:
+        raise ValueError(f"budget={budget} must be a multiple of page={page}: pages are selected whole")
+    free = budget - sink - window
+    if free < 0:
+        raise ValueError(
+            f"budget={budget} < sink + window = {sink} + {window}: the protected sink prefix and local window "
+            f"alone would not fit in the budget, leaving no room (and a negative number of slots) for the "
+            f"draft/target tiers; raise the budget or shrink sink/window")
+    if m is None:
+        m = free // 2
+    if not isinstance(m, int) or isinstance(m, bool):
+        raise ValueError(f"m must be a Python int or None, got {m!r}")
+    if m < 0:
+        raise ValueError(f"m (tier-1 size) must be >= 0, got {m}")
+    if m > free:
+        raise ValueError(f"m={m} > budget - sink - window = {free}: tier 1 cannot take more than the slots left "
+                         f"after the sink and the window")
+    kp = budget // page
+    sink_pages = -(-sink // page)
+    # A window of w positions ending anywhere touches at most 1 + ceil((w - 1) / P) aligned pages.
+    win_pages = 0 if window == 0 else 1 + -(-(window - 1) // page)
+    if sink_pages + win_pages > kp:
+        raise ValueError(
+            f"with page={page}, the sink ({sink_pages} page(s)) and the window (up to {win_pages} page(s), it "
+            f"need not be page-aligned) can cover {sink_pages + win_pages} pages > budget / page = {kp}; raise "
+            f"the budget to at least {(sink_pages + win_pages) * page}")
+    return m, kp, sink_pages, m // page
+
+
+def _ranks(score, cand):
+    """Rank of each unit among the candidates: descending score, ties to the lower index; non-candidates last."""
+    n = score.shape[-1]
+    pos = jnp.arange(n, dtype=jnp.int32)
+    # lexsort: the last key is primary. NaN scores sort after every number (rank as the worst candidates).
+    order = jnp.lexsort((pos, -score, ~cand))
+    return jnp.zeros(n, jnp.int32).at[order].set(pos)
+
+
+def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_pages, m_pages):
+    """One sequence: f32[S] scores (S a multiple of page), scalar length -> (idx int32[budget], n_valid)."""
+    S = draft.shape[0]
+    n_pages = S // page
+    slot = jnp.arange(S, dtype=jnp.int32)
+    valid = slot < length
+    # Page scores: the sum over the page's valid slots only (a partial last page is not inflated by garbage).
+    d = jnp.where(valid, draft, 0.0).reshape(n_pages, page).sum(-1)
+    t = jnp.where(valid, target, 0.0).reshape(n_pages, page).sum(-1)
+    p = jnp.arange(n_pages, dtype=jnp.int32)
+    pvalid = p * page < length
+    win_start = jnp.maximum(length - window, 0) // page
+    prot = pvalid & ((p < sink_pages) | ((window > 0) & (p >= win_start)))
+    n_prot = prot.sum(dtype=jnp.int32)
+    left = kp - n_prot                      # >= 0: _check bounds the protected pages by kp
+    n1 = jnp.minimum(m_pages, left)
+    cand = pvalid & ~prot
+    tier1 = cand & (_ranks(d, cand) < n1)
+    cand2 = cand & ~tier1
+    tier2 = cand2 & (_ranks(t, cand2) < left - n1)
+    sparse = prot | tier1 | tier2
+    # Dense verification when everything fits (length <= budget). The tiers would pick every valid page then
+    # too (ceil(length / P) <= kp); the explicit branch states the rule.
+    chosen = jnp.where(length <= budget, pvalid, sparse)
+    mask = jnp.repeat(chosen, page) & valid
+    n_valid = mask.sum(dtype=jnp.int32)
+    dest = jnp.where(mask, jnp.cumsum(mask, dtype=jnp.int32) - 1, budget)   # ascending compaction
+    idx = jnp.zeros(budget, jnp.int32).at[dest].set(slot, mode="drop")
+    return idx, n_valid
+
+
+@functools.partial(jax.jit, static_argnames=("budget", "sink", "window", "page", "kp", "sink_pages", "m_pages"))
+def _select(draft, target, lengths, *, budget, sink, window, page, kp, sink_pages, m_pages):
+    B, S = draft.shape
+    pad = (-S) % page
+    if pad:
+        draft = jnp.pad(draft, ((0, 0), (0, pad)))
+        target = jnp.pad(target, ((0, 0), (0, pad)))
+    row = functools.partial(_select_row, budget=budget, sink=sink, window=window, page=page, kp=kp,
+                            sink_pages=sink_pages, m_pages=m_pages)
+    return jax.vmap(row)(draft, target, lengths)
+
+
+def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int = 4, window: int = 64,
+                  m: int | None = None, page: int = 1):
+    """Choose I_verify, the cache positions the target verifies against (DUSTIN.md section 3).
+
+    Per sequence b, with `lengths[b]` cached positions (positions >= lengths[b] are invalid and never chosen,
+    whatever their scores):
+      - if lengths[b] <= budget: every valid position (dense verification);
+      - otherwise: the sink prefix [0, sink) and the local window [lengths - window, lengths) (protected), then
+        tier 1: the top-m remaining positions by `draft_score`, then tier 2: the best remaining positions by
+        `target_score` until `budget` are chosen. Ties go to the lower position.
+
+    Pages (page = P > 1): the unit is an aligned page of P slots [pP, pP + P). A page's score is the sum of its
+    valid slots' scores; the sink and the window are expanded to every page they touch; tier 1 takes m // P
+    pages (CHOICE: m counts slots, rounded down to whole pages), capped by what the protected pages leave;
+    tier 2 fills the remaining budget / P pages. A partially valid last page contributes only its valid slots,
+    so n_valid may fall short of the budget by less than P.
+
+    Args:
+      draft_score, target_score: f32[B, S] the A_D and A_T signals per cache position (any scale: tiers are
+        rank-based). NaN ranks below every number.
+      lengths: int32[B] valid cache length per sequence, 0 <= lengths <= S.
+      budget: static int K, the index width; a multiple of `page`, >= sink + window (and, with pages, >= the
+        pages the sink and an unaligned window can touch, times P).
+      sink, window: static ints s and w (CHOICE defaults 4 and 64).
+      m: static tier-1 size in positions, 0 <= m <= budget - sink - window; None: (budget - sink - window) // 2.
+        m = 0 is target-only, m = budget - sink - window draft-only.
+      page: static page size P.
+    Returns:
+      idx int32[B, budget]: the chosen positions in idx[b, :n_valid[b]], ascending, distinct, < lengths[b];
+        every slot after n_valid[b] holds 0 (padding, to be masked by the caller).
+      n_valid int32[B]: min(lengths, budget) at page 1.
+    Raises:
+      ValueError on a bad static argument (budget < sink + window, budget not a multiple of page, m out of
+      range, negative sizes).
+    Jittable (the static arguments are Python ints); no host round trip.
+    """
+    m, kp, sink_pages, m_pages = _check(budget, sink, window, m, page)
+    draft_score = jnp.asarray(draft_score, jnp.float32)
+    target_score = jnp.asarray(target_score, jnp.float32)
+    if draft_score.ndim != 2 or draft_score.shape != target_score.shape:
+        raise ValueError(f"draft_score and target_score must both be [B, S], got {draft_score.shape} and "
+                         f"{target_score.shape}")
+    lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), draft_score.shape[:1])
+    return _select(draft_score, target_score, lengths, budget=budget, sink=sink, window=window, page=page,
+                   kp=kp, sink_pages=sink_pages, m_pages=m_pages)
+
+
+def attention_recovery(weights, idx, n_valid):
+    """Attention Recovery Rate: the mean softmax mass on the selected positions (DUSTIN.md section 4, CHOICE).
+
+    Axis convention (batch first, as `softmax_weights` returns it): weights f32[B, ..., S], already normalised
+    over S; the middle axes are whatever is averaged (layers, heads, query rows, e.g. [B, L, N, T, S]).
+    Args:
+      weights: f32[B, ..., S].
+      idx, n_valid: a `select_verify` result, int32[B, K] and int32[B] (entries past n_valid are ignored).
+    Returns:
+      f32[B]: per sequence, the mean over the middle axes of sum_{j in idx[b, :n_valid[b]]} weights[b, ..., j].
+      Take `.mean()` for one number over the batch.
+    """
+    weights = jnp.asarray(weights, jnp.float32)
+    idx = jnp.asarray(idx, jnp.int32)
+    B, S = weights.shape[0], weights.shape[-1]
+    K = idx.shape[-1]
+    keep = jnp.arange(K)[None] < jnp.asarray(n_valid, jnp.int32)[:, None]            # [B, K]
+    # A one-hot selection mask over S (distinct indices), so no gather over the middle axes is needed.
+    sel = jnp.zeros((B, S), jnp.float32).at[jnp.arange(B)[:, None], jnp.where(keep, idx, S)].set(1.0, mode="drop")
+    w = weights.reshape(B, -1, S)
+    return jnp.einsum("brs,bs->br", w, sel).mean(-1)
+
+
+def softmax_weights(q, k, lengths):
+    """Dense attention weights softmax(q.k / sqrt(H)) over the valid cache positions, for ARR.
+
+    Args:
+      q: [B, T, N, H] queries (e.g. the verified rows).
+      k: [B, S, K, H] cached keys; GQA: q-head n reads kv head n // (N // K).
+      lengths: int32[B] valid positions; positions >= lengths get weight 0. No causal mask inside the
+        rows: every row sees every valid position (mask the rows' own block via `lengths` if needed).
+    Returns:
+      f32[B, N, T, S], each row summing to 1 over the valid positions (all 0 where lengths == 0).
+    """
+    q = jnp.asarray(q, jnp.float32)
+    k = jnp.asarray(k, jnp.float32)
+    B, T, N, H = q.shape
+    _, S, K, _ = k.shape
+    if N % K:
+        raise ValueError(f"q heads N={N} must be a multiple of kv heads K={K}")
+    G = N // K
+    s = jnp.einsum("btkgh,bskh->bkgts", q.reshape(B, T, K, G, H), k).reshape(B, N, T, S) / jnp.sqrt(
+        jnp.float32(H))
+    valid = (jnp.arange(S)[None] < jnp.asarray(lengths, jnp.int32).reshape(-1, 1))[:, None, None, :]
+    s = jnp.where(valid, s, -jnp.inf)
+    mx = jnp.max(s, axis=-1, keepdims=True)
+    e = jnp.where(valid, jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0)), 0.0)
+    den = e.sum(-1, keepdims=True)
+    return e / jnp.where(den > 0, den, 1.0)
