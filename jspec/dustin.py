@@ -1,10 +1,11 @@
 """Dustin (draft-augmented sparse verification): the selection core, as pure functions.
 
-Notes and CHOICE marks: shared/DUSTIN.md sections 1-4. This module only picks positions and measures them; it
-is not wired into the engine yet (no signal collection, no sparse verification, no profiling).
+The method and where our choices fill the paper's gaps: docs/methods.md, "Dustin". This module only picks
+positions and measures them; it is not wired into the engine yet (no signal collection, no sparse
+verification, no profiling).
 
     select_verify       I_verify per sequence: sink + local window, tier 1 top-m by the draft-lookahead
-                        signal A_D, tier 2 the rest by the target-historical signal A_T (DUSTIN.md section 3)
+                        signal A_D, tier 2 the rest by the target-historical signal A_T (docs/methods.md)
     attention_recovery  ARR: the softmax attention mass that falls on the selected positions (section 4)
     softmax_weights     dense softmax(q.k / sqrt(d)) over the valid cache positions (GQA), for ARR
 
@@ -114,7 +115,7 @@ def _select(draft, target, lengths, *, budget, sink, window, page, kp, sink_page
 
 def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int = 4, window: int = 64,
                   m: int | None = None, page: int = 1):
-    """Choose I_verify, the cache positions the target verifies against (DUSTIN.md section 3).
+    """Choose I_verify, the cache positions the target verifies against (docs/methods.md).
 
     Per sequence b, with `lengths[b]` cached positions (positions >= lengths[b] are invalid and never chosen,
     whatever their scores):
@@ -160,7 +161,7 @@ def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int 
 
 
 def attention_recovery(weights, idx, n_valid):
-    """Attention Recovery Rate: the mean softmax mass on the selected positions (DUSTIN.md section 4, CHOICE).
+    """Attention Recovery Rate: the mean softmax mass on the selected positions (docs/methods.md).
 
     Axis convention (batch first, as `softmax_weights` returns it): weights f32[B, ..., S], already normalised
     over S; the middle axes are whatever is averaged (layers, heads, query rows, e.g. [B, L, N, T, S]).
