@@ -1,8 +1,8 @@
 """`jspec bench`: the canonical benchmark. Methods x batch sizes x context lengths through `jspec.generate`,
 the path users call, on one set of prompts per shape shared by every method; warm-up excluded.
 
-    jspec bench --methods ar,vegas,longspec+lookup8 --batches 1,16,64 --lengths 8000 --out bench.json
-    python -m jspec.bench --check-lossless --batches 64 --lengths 8000    # float32, lists every row that differs
+    jspec bench --methods ar,vegas,longspec+lookup8 --batches 1,16,64 --lengths 7936 --out bench.json
+    python -m jspec.bench --check-lossless --batches 64    # float32: lists every row that differs from ar
 
 Workloads (`--workload`):
   long-tasks  (default) what long-context users send: chat-template summaries and questions over long
@@ -416,7 +416,9 @@ def add_arguments(ap):
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                     help="comma-separated method[+lookupN][:knob=value,...] list (ar is always run as the "
                          f"reference; default {','.join(DEFAULT_METHODS)})")
-    ap.add_argument("--lengths", default="8000", help="context lengths L, comma-separated (default 8000)")
+    ap.add_argument("--lengths", default="7936",
+                    help="context lengths L (the longest prompt), comma-separated (default 7936: with 256 new "
+                         "tokens, an 8K-context model's 8,192 positions)")
     ap.add_argument("--batches", default="1,16,64", help="batch sizes, comma-separated (default 1,16,64)")
     ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per row (default 256)")
     ap.add_argument("--workload", default="long-tasks", help="long-tasks (default), continue, or a prompt folder")
