@@ -49,7 +49,8 @@ class BenchError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
-    """One benchmarked configuration, written `method[+lookupN][:knob=value,...]`, e.g. `vegas+lookup8:select_page=8`."""
+    """One benchmarked configuration, written `method[+lookupN][:knob=value,...]`,
+    e.g. `vegas+lookup8:select_page=8`."""
     label: str
     method: str
     knobs: tuple
@@ -484,7 +485,8 @@ def run(a) -> int:
     # Provenance first: a run that could not be recorded should not spend the GPU.
     state = provenance.source_state()
     if (state["dirty"] or not state["verified"]) and not a.allow_dirty:
-        raise BenchError(f"refusing to run: the source tree is {'dirty' if state['verified'] else 'not tied to a commit'}"
+        what = "dirty" if state["verified"] else "not tied to a commit"
+        raise BenchError(f"refusing to run: the source tree is {what}"
                          f" (commit {state['commit'][:12]}, tree {state['tree_hash']}); commit first, pass "
                          f"JSPEC_COMMIT=$(python -m jspec.provenance) on a machine without .git, or --allow-dirty")
 
