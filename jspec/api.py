@@ -121,8 +121,9 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
     with draft length `gamma` (default 4), selection `budget` (KV slots, default 512) or `ratio`, and further
     `jspec.speculative.SpecConfig` knobs (sink, page_size, min_tokens, max_tokens, score_mode, collect, lookup:
-    that many prompt-lookup tokens verified after the drafts) as keywords. config: a tuned speculative config -- the JSON `jspec tune` writes (a path or its dict) or a
-    SpecConfig -- whose method and knobs become the defaults; the keywords given here override them.
+    that many prompt-lookup tokens verified after the drafts) as keywords. config: a tuned speculative config --
+    the JSON `jspec tune` writes (a path or its dict) or a SpecConfig -- whose method and knobs become the
+    defaults; the keywords given here override them.
     "longspec" drafts with a trained drafter block: `drafter` is a `jspec.drafter.Drafter` or its directory,
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
     tree_widths, gamma (chain length), lookup (a prompt-lookup chain of this many tokens verified beside the
