@@ -99,15 +99,20 @@ def encode(model: Model, prompts: Union[str, Sequence[str], Sequence[Sequence[in
     for p in prompts:
         if isinstance(p, str):
             if chat:
-                ids = model.tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                                          add_generation_prompt=True, tokenize=True)
-                ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+                ids = chat_tokens(model.tokenizer, p)
             else:
                 ids = model.tokenizer.encode(p, add_special_tokens=False)
         else:
             ids = [int(t) for t in p]
         out.append(ids)
     return out
+
+
+def chat_tokens(tokenizer, text: str) -> list[int]:
+    """One user turn `text` in the tokenizer's chat template, ready for the assistant's answer."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
 def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tokens: int = 128,

@@ -172,9 +172,11 @@ def _question(kind: str, text: str, i: int) -> str:
 
 
 def _chat(tok, body: str) -> list:
+    """`body` as one chat turn (`jspec.api.chat_tokens`); a tokenizer without a chat template gets a plain
+    "Answer:" suffix instead."""
+    from jspec.api import chat_tokens
     if getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template([{"role": "user", "content": body}], add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return chat_tokens(tok, body)
     return tok.encode(body + "\nAnswer:", add_special_tokens=False)
 
 

@@ -36,10 +36,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
 
     # Bad flag values are caught before the model loads, so they fail at once.
     # (--devices: jspec.load checks it against the devices present before reading any weight.)
-    for flag, value in (("--batch", batch), ("--max-new-tokens", max_new_tokens), ("--prompt-tokens", prompt_tokens),
-                        ("--slots", slots), ("--refill", refill)):
-        if value is not None and value < 1:
-            raise jspec.InputError(f"{flag} {value} must be >= 1")
+    _check_positive(("--batch", batch), ("--max-new-tokens", max_new_tokens), ("--prompt-tokens", prompt_tokens),
+                    ("--slots", slots), ("--refill", refill))
     if slots is None and (refill is not None or staged):
         raise jspec.InputError("refill and staged apply to continuous batching only: --refill and --staged need "
                                "--slots N")
@@ -104,6 +102,14 @@ def _widths(text: str) -> tuple:
         raise InputError(f"--widths {text!r} must be comma-separated integers, e.g. 4,16,16,16,16") from None
 
 
+def _check_positive(*flags) -> None:
+    """(flag, value) pairs: a count given below 1 is an InputError naming the flag (None: not given)."""
+    from jspec.errors import InputError
+    for flag, value in flags:
+        if value is not None and value < 1:
+            raise InputError(f"{flag} {value} must be >= 1")
+
+
 def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """SamplingConfig's checks, the error naming the flag (`--temperature -1.0 must be >= 0 ...`)."""
     import re
@@ -153,10 +159,8 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
     from jspec.speculative.config import METHODS
     if method not in METHODS:
         raise jspec.InputError(f"--method {method!r} cannot be tuned; available: {', '.join(METHODS)}")
-    for flag, value in (("--batch", batch), ("--max-new-tokens", max_new_tokens), ("--prompt-tokens", prompt_tokens),
-                        ("--reps", reps), ("--jobs", jobs)):
-        if value is not None and value < 1:
-            raise jspec.InputError(f"{flag} {value} must be >= 1")
+    _check_positive(("--batch", batch), ("--max-new-tokens", max_new_tokens), ("--prompt-tokens", prompt_tokens),
+                    ("--reps", reps), ("--jobs", jobs))
     if prompt_dir is not None and not os.path.isdir(prompt_dir):
         raise jspec.InputError(f"--prompt-dir {prompt_dir} is not a directory")
     text = _read_text(prompt_file, "--prompt-file") if prompt_file is not None else None
