@@ -8,6 +8,8 @@ verification, no profiling).
                         signal A_D, tier 2 the rest by the target-historical signal A_T (docs/methods.md)
     attention_recovery  ARR: the softmax attention mass that falls on the selected positions (section 4)
     softmax_weights     dense softmax(q.k / sqrt(d)) over the valid cache positions (GQA), for ARR
+    Profile             what offline profiling chose for one target (and drafter): budget, tiers, SRH heads;
+                        `write_profile` / `read_profile` store it as JSON and refuse a profile made for another model
 
 Index layout: the one `jspec.selection` uses and the sparse kernels take: `idx[B, budget]` int32 with the
 selected positions in `idx[b, :n_valid[b]]`, ascending and distinct, and 0 in every slot after them (padding the
@@ -15,10 +17,16 @@ caller ignores). `budget` is static, `n_valid` dynamic, so selections change eve
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
+
+from jspec.errors import InputError
 
 
 def _check(budget, sink, window, m, page):
@@ -209,3 +217,111 @@ def softmax_weights(q, k, lengths):
     e = jnp.where(valid, jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0)), 0.0)
     den = e.sum(-1, keepdims=True)
     return e / jnp.where(den > 0, den, 1.0)
+
+
+PROFILE_FORMAT = "jspec-dustin-profile/1"
+# The target's shape a profile is tied to: its heads are indices into these layers and heads.
+_MODEL_KEYS = ("arch", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim")
+
+
+def model_signature(cfg) -> dict:
+    """The ModelConfig fields a profile must match (a profile names layers and heads of one architecture)."""
+    return {k: getattr(cfg, k) for k in _MODEL_KEYS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What offline profiling (`jspec profile-heads`, the paper's Algorithm 1) chose for one target + drafter.
+
+    model: `model_signature` of the target it was made for. drafter: "self" (the self-speculative drafts of
+    streaming / quest / vegas) or "longspec" (a trained drafter block). budget, sink, window, m, page: the
+    `select_verify` arguments. target_heads: the (layer, q_head) pairs of the target whose attention gives the
+    target-historical signal A_T (the Semantic Retrieval Heads). draft_heads: the (layer, q_head) pairs whose
+    draft attention gives A_D -- target layers for "self", the drafter's own layers for "longspec".
+    dense_layers: target layers verified densely. arr: the Attention Recovery Rate reached on the calibration
+    prompts; curves: ARR against the number of SRHs and against m (for plots), free-form.
+    """
+
+    model: dict
+    drafter: str
+    budget: int
+    sink: int = 4
+    window: int = 64
+    m: Optional[int] = None
+    page: int = 1
+    target_heads: tuple = ()
+    draft_heads: tuple = ()
+    dense_layers: tuple = ()
+    arr: Optional[float] = None
+    curves: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.drafter not in ("self", "longspec"):
+            raise InputError(f"profile drafter must be 'self' or 'longspec', got {self.drafter!r}")
+        _check(self.budget, self.sink, self.window, self.m, self.page)
+        for name in ("target_heads", "draft_heads"):
+            pairs = tuple(tuple(int(x) for x in hp) for hp in getattr(self, name))
+            if any(len(hp) != 2 for hp in pairs):
+                raise InputError(f"profile {name} must be (layer, q_head) pairs, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, pairs)
+        object.__setattr__(self, "dense_layers", tuple(int(x) for x in self.dense_layers))
+
+    def check_model(self, cfg, where: str = "profile") -> None:
+        """Raise InputError unless this profile was made for a model shaped like `cfg`."""
+        mine, theirs = self.model, model_signature(cfg)
+        diff = {k: (mine.get(k), v) for k, v in theirs.items() if mine.get(k) != v}
+        if diff:
+            shown = ", ".join(f"{k}: profile {a!r}, model {b!r}" for k, (a, b) in diff.items())
+            raise InputError(f"{where} was made for another model ({shown}); run `jspec profile-heads` for this one")
+        for layer, head in self.target_heads:
+            if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+                raise InputError(f"{where}: target head (layer {layer}, head {head}) outside the model's "
+                                 f"{cfg.n_layers} layers x {cfg.n_heads} heads")
+        for layer in self.dense_layers:
+            if not 0 <= layer < cfg.n_layers:
+                raise InputError(f"{where}: dense layer {layer} outside the model's {cfg.n_layers} layers")
+
+
+def write_profile(path: str, profile: Profile) -> str:
+    """Write `profile` as JSON atomically (temp file + rename: never a half-written file); return the path."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    doc = dict(format=PROFILE_FORMAT, **dataclasses.asdict(profile))
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def read_profile(src, cfg=None) -> Profile:
+    """A Profile from a JSON path or its dict; with `cfg`, also check it was made for that model.
+
+    Raises InputError for a missing or unreadable file, another format, unknown or missing fields, or (with
+    cfg) a profile made for another model."""
+    where = "profile"
+    if not isinstance(src, dict):
+        where = f"profile {src}"
+        try:
+            with open(src) as f:
+                src = json.load(f)
+        except FileNotFoundError:
+            raise InputError(f"{where} not found") from None
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError(f"{where} is not readable JSON: {e}") from None
+    if not isinstance(src, dict) or src.get("format") != PROFILE_FORMAT:
+        got = src.get("format") if isinstance(src, dict) else type(src).__name__
+        raise InputError(f"{where} is not a Dustin profile (format {got!r}, expected {PROFILE_FORMAT!r})")
+    fields = {f.name for f in dataclasses.fields(Profile)}
+    body = {k: v for k, v in src.items() if k != "format"}
+    if set(body) - fields:
+        raise InputError(f"{where} has unknown field(s) {sorted(set(body) - fields)}")
+    try:
+        prof = Profile(**body)
+    except TypeError as e:   # a required field missing
+        raise InputError(f"{where}: {e}") from None
+    except ValueError as e:
+        raise InputError(f"{where}: {e}") from None
+    if cfg is not None:
+        prof.check_model(cfg, where)
+    return prof

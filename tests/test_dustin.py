@@ -1,4 +1,6 @@
 """jspec.dustin: I_verify selection against a brute-force numpy reference, ARR and softmax_weights."""
+import json
+
 import numpy as np
 import pytest
 
@@ -232,3 +234,41 @@ def test_softmax_weights_against_numpy():
     np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-5)
     assert (got[1, ..., 7:] == 0).all()
     assert (np.asarray(softmax_weights(q, k, np.array([0, 3])))[0] == 0).all()
+
+
+# ---- profile JSON -------------------------------------------------------------------------------------------
+
+def _tiny_cfg(**kw):
+    from jspec.config import ModelConfig
+    base = dict(arch="llama", vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def test_profile_round_trip_and_model_check(tmp_path):
+    from jspec.dustin import Profile, model_signature, read_profile, write_profile
+    from jspec.errors import InputError
+    cfg = _tiny_cfg()
+    prof = Profile(model=model_signature(cfg), drafter="self", budget=128, sink=4, window=16, m=40, page=8,
+                   target_heads=[(2, 1), (1, 3)], draft_heads=[[0, 0]], dense_layers=[0], arr=0.93,
+                   curves={"n_srh": [1, 2], "arr": [0.9, 0.93]})
+    path = write_profile(str(tmp_path / "p" / "heads.json"), prof)
+    back = read_profile(path, cfg)
+    assert back == prof
+    assert back.target_heads == ((2, 1), (1, 3)) and back.draft_heads == ((0, 0),)
+    with pytest.raises(InputError, match="another model.*n_layers: profile 3, model 4"):
+        read_profile(path, _tiny_cfg(n_layers=4))
+    with pytest.raises(InputError, match="not found"):
+        read_profile(str(tmp_path / "missing.json"))
+    bad = json.loads(open(path).read())
+    with pytest.raises(InputError, match="not a Dustin profile"):
+        read_profile(dict(bad, format="jspec-tune/1"))
+    with pytest.raises(InputError, match="unknown field"):
+        read_profile(dict(bad, extra=1))
+    with pytest.raises(InputError, match="budget"):
+        read_profile(dict(bad, budget=10))          # < sink + window
+    with pytest.raises(InputError, match="outside the model"):
+        read_profile(dict(bad, target_heads=[[3, 0]]), cfg)
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(InputError, match="not readable JSON"):
+        read_profile(str(tmp_path / "junk.json"))
