@@ -15,8 +15,9 @@
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
 set -uo pipefail
 C=/root/jspec-cache
-# XLA's default flags, as users run it (autotuning on: slower compiles; `--xla_gpu_autotune_level=0` alone
-# left XLA's Triton GEMMs untuned and made every method slower, bench_b64_autotune0_h200.json)
+# The flags users get: jspec adds --xla_gpu_enable_triton_gemm=false (cuBLAS GEMMs) on import unless XLA_FLAGS
+# names it; `--xla_gpu_autotune_level=0` alone left XLA's Triton GEMMs untuned and made every method slower
+# (bench_b64_autotune0_h200.json)
 export JSPEC_CACHE=$C PYTHONPATH=/tmp/site:. XLA_FLAGS="${XLA_FLAGS:-}"
 export JAX_COMPILATION_CACHE_DIR=$C/jax-cache TRANSFORMERS_VERBOSITY=error
 METHODS="${METHODS:-ar,streaming,vegas:select_page=8,longspec,vegas+lookup8:select_page=8,longspec+lookup8}"

@@ -1,6 +1,8 @@
 """The user's surface on the real default model: generate, chat, and every bad input's clear error."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -146,3 +148,18 @@ def test_load_fuses_projections_unless_asked_not_to(smollm2_ckpt):
     toks = jnp.asarray([jspec.encode(fused, "def fibonacci(n):\n    return")[0]], jnp.int32)
     got = [model.forward(m.params, m.cfg, toks, kv_cache.init(m.cfg, batch=1, capacity=32))[0] for m in (fused, stored)]
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(got[1]), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("user_flags, before, expect", [
+    ("", False, "--xla_gpu_enable_triton_gemm=false"),                        # jspec's default added
+    ("--xla_dump_to=/tmp/x", False, "--xla_dump_to=/tmp/x --xla_gpu_enable_triton_gemm=false"),
+    ("--xla_gpu_enable_triton_gemm=true", False, "--xla_gpu_enable_triton_gemm=true"),   # the user's choice kept
+    ("", True, ""),                       # JAX already started: too late to change flags, so none are added
+])
+def test_import_prefers_cublas_gemms_unless_told(user_flags, before, expect):
+    code = ("import os, jax\n"
+            + ("jax.numpy.zeros(1).block_until_ready()\n" if before else "")
+            + "import jspec\nprint(repr(os.environ.get('XLA_FLAGS', '')))")
+    env = dict(os.environ, XLA_FLAGS=user_flags, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == repr(expect)
