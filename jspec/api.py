@@ -180,7 +180,7 @@ class _Request:
 def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafter, max_new_tokens: int,
                    temperature: float, top_k: int, top_p: float, chat: bool, capacity: Optional[int],
                    slots: Optional[int], refill: Optional[int], staged: bool, ar_loop: str) -> _Request:
-    """Every check of a `generate` request, before any device work; InputError says what to change.
+    """Every check of a `generate` request, before anything runs; InputError says what to change.
     Also resolves what the request leaves open: the SpecConfig ("ar" too), longspec's drafter and tree, the
     cache capacity."""
     spec = spec_config(method, config, **knobs) or speculative.SpecConfig("ar")
@@ -228,8 +228,8 @@ def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafte
 
 
 def _longspec_spec(model: Model, spec, drafter, *, tuned_for: int, keep_shape: bool):
-    """(spec with the drafter's window, and the drafter tuned's tree for `tuned_for` rows unless `keep_shape`
-    (a config or a named shape: widths, mode or gamma), the drafter's params)."""
+    """The longspec SpecConfig with the drafter's window and, unless `keep_shape` (a config or a named shape:
+    widths, mode or gamma), the shape the drafter was tuned with for `tuned_for` rows; and the drafter's params."""
     d = load_drafter_for(model, drafter)
     spec = dataclasses.replace(spec, window=d.window)
     tuned = d.widths_for(tuned_for)
