@@ -21,9 +21,10 @@ sequence; tau = mean tokens emitted per verification.
 
 Entry points: `init` (prefill + method state), `prepare` (method state on an existing prefilled cache, so
 one prefill can serve several methods), `run` (pure, for use inside a caller's jit) and `run_donating` (the
-same, donating the state so the cache is updated in place). Each piece (`draft`, `verify`, `accept`, the
-method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to split the round
-time offline.
+same, donating the state so the cache is updated in place); both run `rounds`, the one while_loop of
+`round_`, which continuous batching (continuous.py) also runs between refills. Each piece (`draft`, `verify`,
+`accept`, the method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to
+split the round time offline.
 
 Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each: the round is
 the same for all of them, only which KV entries a draft step reads differs.
@@ -306,10 +307,20 @@ def run_donating(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfi
 
 def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl, drafter=None):
     st = start(spec, samp, state, key, max_new_tokens, stop_tokens)
-    st = jax.lax.while_loop(lambda st: ~jnp.all(st.done),
-                            lambda st: round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter),
-                            st)
+    st = rounds(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter)
     return finish(st, state.logits)
+
+
+def rounds(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, impl, drafter=None,
+           more=None) -> "_Loop":
+    """The while_loop of rounds: until every row is done, or earlier once `more(st)` (traced bool) is False
+    (continuous batching stops when enough rows are free for a refill)."""
+    def cond(st):
+        going = ~jnp.all(st.done)
+        return going if more is None else going & more(st)
+
+    return jax.lax.while_loop(
+        cond, lambda st: round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter), st)
 
 
 def finish(st: "_Loop", logits):
