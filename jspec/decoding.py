@@ -73,6 +73,9 @@ def decode(params, cfg: ModelConfig, samp: SamplingConfig, cache: kv_cache.KVCac
            max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl()):
     """Decode after `prefill`. Returns (tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], cache).
 
+    `jspec.generate` runs "ar" through the speculative engine instead (no drafts, the same tokens); this loop
+    stays, reachable there as `_ar_loop="decode"`, until a GPU shows the engine at least as fast (issue 28).
+
     A row stops after emitting a stop token (which is kept) or `max_new_tokens`; finished rows still ride
     along in the batch (static shapes) but their cache lengths no longer move and their attention no longer
     reads their cache (`model.forward(live=)`)."""
