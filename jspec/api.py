@@ -14,6 +14,7 @@ from jspec import kv_cache
 from jspec import speculative  # the self-speculative methods; also makes `jspec.speculative` available
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
+from jspec.errors import InputError
 
 METHODS = ("ar",) + speculative.METHODS   # what `method=` (and `jspec generate --method`) accepts
 
@@ -120,7 +121,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
              capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
              config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
              drafter=None, slots: Optional[int] = None, refill: Optional[int] = None, staged: bool = False,
-             progress: bool = False, **spec_knobs) -> Output:
+             progress: bool = False, _ar_loop: str = "engine", **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
@@ -142,76 +143,100 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     staged: with slots, prefill the next `refill` prompts ahead and refill finished slots on the device after
     every round, instead of waiting for `refill` free slots (see `jspec.speculative.serve`).
     progress: with slots, a progress bar of finished requests on stderr.
+    _ar_loop: not an option. "decode" runs a static-batch "ar" request through the old plain-decoding loop
+    (`decoding.decode`) instead of the engine, only so that `jspec bench` (method spelling `ar:loop=decode`) can
+    measure both on a GPU before that loop is deleted (issue 28); it goes with the loop.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
-    spec = spec_config(method, config, gamma=gamma, budget=budget, ratio=ratio, **spec_knobs)
-    if spec is None and slots is not None:   # plain decoding through serve's slots: the engine's "ar"
-        spec = speculative.SpecConfig("ar")
-    method = spec.method if spec is not None else "ar"
-    try:
-        samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    except ValueError as e:
-        raise _gen.InputError(str(e)) from None
-    if max_new_tokens < 1:
-        raise _gen.InputError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    ids = encode(model, prompts, chat=chat)
-    if not ids:
-        raise _gen.InputError("no prompts given")
-    lengths = np.array([len(p) for p in ids], np.int32)
-    if method == "longspec":
-        d = load_drafter_for(model, drafter)
-        spec = dataclasses.replace(spec, window=d.window)
-        # No shape named (no widths, mode or gamma, no config): the drafter's tuned shape for this batch.
-        named = {k for k, v in dict(gamma=gamma, **spec_knobs).items() if v is not None}
-        tuned = d.widths_for(slots or len(ids))
-        if config is None and not named & {"tree_widths", "mode", "gamma"} and tuned is not None:
-            spec = (dataclasses.replace(spec, mode="chain", gamma=len(tuned)) if max(tuned) == 1   # all ones: a chain
-                    else dataclasses.replace(spec, mode="tree", tree_widths=tuned))
-    margin = spec.capacity_margin() if spec else 0   # a speculative round writes up to gamma + 1 slots ahead
-    if capacity is None:
-        capacity = int(-(-(max(lengths.max(initial=1), 1) + max_new_tokens + margin) // 128) * 128)
-    elif spec and lengths.max(initial=0) + max_new_tokens <= capacity < lengths.max() + max_new_tokens + margin:
-        raise _gen.InputError(f"method {method!r} needs gamma + 1 = {margin} cache slots beyond prompt + new "
-                              f"tokens ({int(lengths.max()) + max_new_tokens}), but capacity is {capacity}")
-    if lengths.max(initial=0) + max_new_tokens > model.cfg.max_position:
-        raise _gen.InputError(f"prompt + new tokens ({int(lengths.max()) + max_new_tokens}) exceed the model's "
-                              f"context of {model.cfg.max_position} positions")
-    _gen.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens,
-                       vocab_size=model.cfg.vocab_size, tokens=np.concatenate([np.asarray(p) for p in ids]))
-    tokens, lengths = _gen.pad_prompts(ids)
-    if tokens.shape[1] > capacity:  # padding must fit too
-        tokens = tokens[:, :capacity]
-    B = len(ids)
+    req = _check_request(model, prompts, method=method, config=config,
+                         knobs=dict(gamma=gamma, budget=budget, ratio=ratio, **spec_knobs), drafter=drafter,
+                         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, chat=chat,
+                         capacity=capacity, slots=slots, refill=refill, staged=staged, ar_loop=_ar_loop)
     stops = () if ignore_eos else model.stop_tokens
     impl = attn_impl(model, impl)
     if slots is not None:
-        if slots < 1:
-            raise _gen.InputError(f"slots={slots} must be >= 1")
-        if refill is not None and refill < 1:
-            raise _gen.InputError(f"refill={refill} must be >= 1")
-    elif refill is not None or staged:
-        raise _gen.InputError("refill and staged apply to continuous batching (slots=N) only")
-    if spec is not None:
-        kw = dict(drafter=d.params) if spec.method == "longspec" else {}
-        if slots is not None:
-            return _serve_spec(model, spec, samp, ids, capacity, max_new_tokens, stops, seed, impl, kw, slots, refill,
-                               staged, progress)
-        return _generate_spec(model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl, kw)
-    cache = new_cache(model, batch=B, capacity=capacity)
+        run = _run_served(model, req, stops, seed, impl, progress)
+    elif _ar_loop == "decode":
+        run = _run_decode(model, req, stops, seed, impl)
+    else:
+        run = _run_static(model, req, stops, seed, impl)
+    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in run.tokens]
+    return Output(texts=texts, tokens=run.tokens, stats=_stats(req, run))
 
-    t0 = time.perf_counter()
-    logits, cache = _gen.prefill(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache, impl=impl)
-    logits.block_until_ready()
-    t1 = time.perf_counter()
-    out, n_out, _ = _gen.decode(model.params, model.cfg, samp, cache, logits, jax.random.key(seed),
-                                max_new_tokens=max_new_tokens, stop_tokens=stops, impl=impl)
-    out, n_out = np.asarray(out), np.asarray(n_out)
-    t2 = time.perf_counter()
-    toks = [out[b, :n_out[b]].tolist() for b in range(B)]
-    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
-    decoded = int(np.sum(np.maximum(n_out - 1, 0)))
-    stats = Stats(method=method, batch=B, prompt_tokens=lengths.tolist(), new_tokens=n_out.tolist(),
-                  prefill_s=t1 - t0, decode_s=t2 - t1, tokens_per_s=decoded / max(t2 - t1, 1e-9))
-    return Output(texts=texts, tokens=toks, stats=stats)
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """A checked `generate` request: what every run path needs."""
+    spec: speculative.SpecConfig   # "ar" included (no drafts); longspec's carries its drafter's window and shape
+    samp: SamplingConfig
+    ids: list                      # one token list per prompt
+    capacity: int                  # cache slots per row
+    max_new_tokens: int
+    drafter: Any = None            # longspec: the drafter block's params
+    slots: Optional[int] = None    # continuous batching through this many slots; None: one static batch
+    refill: Optional[int] = None
+    staged: bool = False
+
+
+def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafter, max_new_tokens: int,
+                   temperature: float, top_k: int, top_p: float, chat: bool, capacity: Optional[int],
+                   slots: Optional[int], refill: Optional[int], staged: bool, ar_loop: str) -> _Request:
+    """Every check of a `generate` request, before anything runs; InputError says what to change.
+    Also resolves what the request leaves open: the SpecConfig ("ar" too), longspec's drafter and tree, the
+    cache capacity."""
+    spec = spec_config(method, config, **knobs) or speculative.SpecConfig("ar")
+    try:
+        samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if slots is not None:
+        if slots < 1:
+            raise InputError(f"slots={slots} must be >= 1")
+        if refill is not None and refill < 1:
+            raise InputError(f"refill={refill} must be >= 1")
+    elif refill is not None or staged:
+        raise InputError("refill and staged apply to continuous batching (slots=N) only")
+    if ar_loop not in ("engine", "decode"):
+        raise InputError(f"_ar_loop={ar_loop!r} must be 'engine' or 'decode'")
+    if ar_loop == "decode" and (spec.method != "ar" or slots is not None):
+        raise InputError("_ar_loop='decode' (the old plain-decoding loop, kept for an A/B measurement) runs "
+                         "static-batch 'ar' only")
+    ids = encode(model, prompts, chat=chat)
+    if not ids:
+        raise InputError("no prompts given")
+    lengths = np.array([len(p) for p in ids], np.int32)
+    params = None
+    if spec.method == "longspec":
+        named = {k for k, v in knobs.items() if v is not None}
+        spec, params = _longspec_spec(model, spec, drafter, tuned_for=slots or len(ids),
+                                      keep_shape=config is not None or bool(named & {"tree_widths", "mode", "gamma"}))
+    need = int(lengths.max()) + max_new_tokens
+    margin = spec.capacity_margin()   # a speculative round writes up to gamma + 1 slots ahead ("ar": none)
+    if capacity is None:
+        capacity = int(-(-(max(need, 1 + max_new_tokens) + margin) // 128) * 128)
+    elif need <= capacity < need + margin:
+        raise InputError(f"method {spec.method!r} needs gamma + 1 = {margin} cache slots beyond prompt + new "
+                         f"tokens ({need}), but capacity is {capacity}")
+    if need > model.cfg.max_position:
+        raise InputError(f"prompt + new tokens ({need}) exceed the model's context of {model.cfg.max_position} "
+                         f"positions")
+    _gen.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens,
+                       vocab_size=model.cfg.vocab_size, tokens=np.concatenate([np.asarray(p) for p in ids]))
+    return _Request(spec=spec, samp=samp, ids=ids, capacity=capacity, max_new_tokens=max_new_tokens,
+                    drafter=params, slots=slots, refill=refill, staged=staged)
+
+
+def _longspec_spec(model: Model, spec, drafter, *, tuned_for: int, keep_shape: bool):
+    """The longspec SpecConfig with the drafter's window and, unless `keep_shape` (a config or a named shape:
+    widths, mode or gamma), the shape the drafter was tuned with for `tuned_for` rows; and the drafter's params."""
+    d = load_drafter_for(model, drafter)
+    spec = dataclasses.replace(spec, window=d.window)
+    tuned = d.widths_for(tuned_for)
+    if not keep_shape and tuned is not None:
+        spec = (dataclasses.replace(spec, mode="chain", gamma=len(tuned)) if max(tuned) == 1   # all ones: a chain
+                else dataclasses.replace(spec, mode="tree", tree_widths=tuned))
+    return spec, d.params
 
 
 def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[speculative.SpecConfig]:
@@ -231,15 +256,15 @@ def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[
     given = {k: v for k, v in knobs.items() if v is not None}
     method = method or base.get("method", "ar")
     if method not in METHODS:
-        raise _gen.InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+        raise InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     if method == "ar":   # a knob given for plain decoding would be silently ignored: a mistake
         if given:
-            raise _gen.InputError(f"options {sorted(given)} only apply to speculative methods, not 'ar'")
+            raise InputError(f"options {sorted(given)} only apply to speculative methods, not 'ar'")
         return None
     try:
         return speculative.SpecConfig(**{**base, **given, "method": method})
     except TypeError as e:
-        raise _gen.InputError(f"bad speculative option: {e}") from None
+        raise InputError(f"bad speculative option: {e}") from None
 
 
 def bundled_drafter_dir(model: Model) -> str:
@@ -264,21 +289,21 @@ def load_drafter_for(model: Model, drafter=None):
     if drafter is None:
         drafter = bundled_drafter_dir(model)
         if not os.path.isdir(drafter):
-            raise _gen.InputError(f"no bundled LongSpec drafter for {os.path.basename(str(model.path))!r} (looked in "
+            raise InputError(f"no bundled LongSpec drafter for {os.path.basename(str(model.path))!r} (looked in "
                                   f"{drafter}); train one with `jspec train-drafter` and pass --drafter DIR")
     if not isinstance(drafter, Drafter):
         path = str(drafter)
         if not os.path.isdir(path):
-            raise _gen.InputError(f"drafter directory {path!r} does not exist")
+            raise InputError(f"drafter directory {path!r} does not exist")
         try:
             drafter = load_drafter(path)
         except Exception as e:   # a half-copied or foreign directory: say so, no traceback
-            raise _gen.InputError(f"cannot read the drafter at {path!r}: {type(e).__name__}: {e}"[:500]) from None
+            raise InputError(f"cannot read the drafter at {path!r}: {type(e).__name__}: {e}"[:500]) from None
     want, got = model.cfg, drafter.cfg
     fields = ("d_model", "n_heads", "n_kv_heads", "head_dim", "vocab_size")
     bad = [f"{f} {getattr(got, f)} != {getattr(want, f)}" for f in fields if getattr(got, f) != getattr(want, f)]
     if bad:
-        raise _gen.InputError(f"the drafter was trained for another model ({', '.join(bad)})")
+        raise InputError(f"the drafter was trained for another model ({', '.join(bad)})")
     return drafter
 
 
@@ -295,44 +320,76 @@ def new_cache(model: Model, *, batch: int, capacity: int) -> kv_cache.KVCache:
     return sharding.init_cache(model.cfg, model.mesh, batch=batch, capacity=capacity)
 
 
-def _serve_spec(model: Model, spec, samp, ids, capacity, max_new_tokens, stops, seed, impl, kw, slots,
-                refill, staged=False, progress=False) -> Output:
-    outs, st = speculative.serve(model.params, model.cfg, spec, samp, ids, batch=slots, capacity=capacity,
-                                 max_new_tokens=max_new_tokens, stop_tokens=stops, impl=impl, seed=seed,
-                                 refill=refill, staged=staged, progress=progress, mesh=model.mesh, **kw)
-    toks = [o.tolist() for o in outs]
-    hist = np.asarray(st.accept_hist)
-    decoded = sum(max(len(t) - 1, 0) for t in toks)
-    stats = Stats(method=spec.method, batch=slots, prompt_tokens=[len(p) for p in ids],
-                  new_tokens=[len(t) for t in toks], prefill_s=st.prefill_s, decode_s=st.decode_s,
-                  tokens_per_s=decoded / max(st.decode_s, 1e-9), tau=st.tau, accept_hist=hist.sum(0).tolist(),
-                  rounds=list(st.rounds), tau_per_sequence=[round(float(x), 4) for x in st.tau_per_sequence()],
-                  knobs=spec.describe())
-    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
-    return Output(texts=texts, tokens=toks, stats=stats)
+@dataclasses.dataclass
+class _Run:
+    """What a run path hands to `_stats`."""
+    tokens: list                   # each sequence's emitted tokens, stop token included
+    prefill_s: float
+    decode_s: float
+    spec_stats: Optional[speculative.SpecStats] = None   # rounds and accepted-length histograms per sequence
 
 
-def _generate_spec(model: Model, spec, samp, tokens, lengths, capacity, max_new_tokens, stops, seed, impl,
-                   kw) -> Output:
-    B = len(lengths)
+def _run_static(model: Model, req: _Request, stops, seed, impl) -> _Run:
+    """One static batch through the engine (every method, "ar" included): prefill, then one while_loop."""
+    tokens, lengths = _gen.pad_prompts(req.ids)
+    tokens = tokens[:, :req.capacity]   # padding must fit too
     t0 = time.perf_counter()
     if model.mesh is None:
-        state = speculative.init(model.params, model.cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths),
-                                 capacity, impl=impl, **kw)
+        state = speculative.init(model.params, model.cfg, req.spec, jnp.asarray(tokens), jnp.asarray(lengths),
+                                 req.capacity, impl=impl, drafter=req.drafter)
     else:  # the same prefill into a cache created sharded (init would leave its layout to XLA)
-        state = speculative.engine.init_sharded(model.params, model.cfg, spec, tokens, lengths, capacity,
-                                                model.mesh, impl=impl, **kw)
+        state = speculative.engine.init_sharded(model.params, model.cfg, req.spec, tokens, lengths, req.capacity,
+                                                model.mesh, impl=impl, drafter=req.drafter)
     jax.block_until_ready(state)
     t1 = time.perf_counter()
-    out, n_out, st, _ = speculative.run_donating(model.params, model.cfg, spec, samp, state, jax.random.key(seed),
-                                                 max_new_tokens, stop_tokens=stops, impl=impl, **kw)
+    out, n_out, st, _ = speculative.run_donating(model.params, model.cfg, req.spec, req.samp, state,
+                                                 jax.random.key(seed), req.max_new_tokens, stop_tokens=stops,
+                                                 impl=impl, drafter=req.drafter)
     out, n_out = np.asarray(out), np.asarray(n_out)
     t2 = time.perf_counter()
-    toks = [out[b, :n_out[b]].tolist() for b in range(B)]
-    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in toks]
-    decoded = int(np.sum(np.maximum(n_out - 1, 0)))
-    stats = Stats(method=spec.method, batch=B, prompt_tokens=lengths.tolist(), new_tokens=n_out.tolist(),
-                  prefill_s=t1 - t0, decode_s=t2 - t1, tokens_per_s=decoded / max(t2 - t1, 1e-9), tau=st.tau(),
-                  accept_hist=np.asarray(st.accept_hist).sum(0).tolist(), rounds=np.asarray(st.rounds).tolist(),
-                  tau_per_sequence=[round(float(x), 4) for x in st.tau_per_sequence()], knobs=spec.describe())
-    return Output(texts=texts, tokens=toks, stats=stats)
+    return _Run(tokens=[out[b, :n_out[b]].tolist() for b in range(len(n_out))], prefill_s=t1 - t0,
+                decode_s=t2 - t1, spec_stats=jax.tree.map(np.asarray, st))
+
+
+def _run_served(model: Model, req: _Request, stops, seed, impl, progress) -> _Run:
+    """Continuous batching through `req.slots` slots (`speculative.serve`, the engine's rounds)."""
+    outs, st = speculative.serve(model.params, model.cfg, req.spec, req.samp, req.ids, batch=req.slots,
+                                 capacity=req.capacity, max_new_tokens=req.max_new_tokens, stop_tokens=stops,
+                                 impl=impl, seed=seed, refill=req.refill, staged=req.staged, progress=progress,
+                                 mesh=model.mesh, drafter=req.drafter)
+    return _Run(tokens=[o.tolist() for o in outs], prefill_s=st.prefill_s, decode_s=st.decode_s,
+                spec_stats=speculative.SpecStats(rounds=np.asarray(st.rounds), accept_hist=np.asarray(st.accept_hist)))
+
+
+def _run_decode(model: Model, req: _Request, stops, seed, impl) -> _Run:
+    """Static-batch "ar" through the old loop (`decoding.decode`). Only for `generate(_ar_loop="decode")`: the
+    A/B measurement of issue 28 (ar through the engine at least as fast on a GPU); deleted with that loop."""
+    tokens, lengths = _gen.pad_prompts(req.ids)
+    tokens = tokens[:, :req.capacity]
+    cache = new_cache(model, batch=len(req.ids), capacity=req.capacity)
+    t0 = time.perf_counter()
+    logits, cache = _gen.prefill(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache, impl=impl)
+    logits.block_until_ready()
+    t1 = time.perf_counter()
+    out, n_out, _ = _gen.decode(model.params, model.cfg, req.samp, cache, logits, jax.random.key(seed),
+                                max_new_tokens=req.max_new_tokens, stop_tokens=stops, impl=impl)
+    out, n_out = np.asarray(out), np.asarray(n_out)
+    t2 = time.perf_counter()
+    return _Run(tokens=[out[b, :n_out[b]].tolist() for b in range(len(n_out))], prefill_s=t1 - t0, decode_s=t2 - t1)
+
+
+def _stats(req: _Request, run: _Run) -> Stats:
+    """The one Stats builder (static batch and served). tokens_per_s counts new tokens after each sequence's
+    first, which the prefill produces. "ar" accepts no drafts: tau 1 and no speculative fields."""
+    decoded = sum(max(len(t) - 1, 0) for t in run.tokens)
+    stats = Stats(method=req.spec.method, batch=req.slots or len(req.ids), prompt_tokens=[len(p) for p in req.ids],
+                  new_tokens=[len(t) for t in run.tokens], prefill_s=run.prefill_s, decode_s=run.decode_s,
+                  tokens_per_s=decoded / max(run.decode_s, 1e-9))
+    st = run.spec_stats
+    if req.spec.method != "ar" and st is not None:
+        stats.tau = st.tau()
+        stats.accept_hist = np.asarray(st.accept_hist).sum(0).tolist()
+        stats.rounds = np.asarray(st.rounds).tolist()
+        stats.tau_per_sequence = [round(float(x), 4) for x in st.tau_per_sequence()]
+        stats.knobs = req.spec.describe()
+    return stats

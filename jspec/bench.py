@@ -47,10 +47,15 @@ class BenchError(ValueError):
     """A benchmark request that cannot run as asked."""
 
 
+# `ar:loop=decode` runs plain decoding through the old loop (`decoding.decode`, via generate's private
+# `_ar_loop`) beside `ar` through the engine, for the A/B measurement of issue 28 only; it goes with that loop.
+AR_LOOPS = ("engine", "decode")
+
+
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
     """One benchmarked configuration, written `method[+lookupN][:knob=value,...]`,
-    e.g. `vegas+lookup8:select_page=8`."""
+    e.g. `vegas+lookup8:select_page=8`; `ar:loop=decode` is plain decoding through the old loop (see AR_LOOPS)."""
     label: str
     method: str
     knobs: tuple
@@ -73,11 +78,13 @@ class MethodSpec:
         fields = {f.name for f in dataclasses.fields(SpecConfig)} - {"method"}
         if method not in ("ar",) + METHODS:
             raise BenchError(f"unknown method {method!r} in {text!r}; available: ar, {', '.join(METHODS)}")
-        bad = sorted(set(knobs) - fields)
+        bad = sorted(set(knobs) - fields - {"loop"})
         if bad:
             raise BenchError(f"method {text!r}: unknown knob(s) {bad}; SpecConfig has {sorted(fields)}")
-        if method == "ar" and knobs:
-            raise BenchError(f"method {text!r}: 'ar' takes no knobs")
+        if method == "ar" and set(knobs) - {"loop"}:
+            raise BenchError(f"method {text!r}: 'ar' takes no knobs (only loop=decode, the old loop's A/B)")
+        if "loop" in knobs and (method != "ar" or knobs["loop"] not in AR_LOOPS):
+            raise BenchError(f"method {text!r}: loop= applies to 'ar' only, one of {', '.join(AR_LOOPS)}")
         return cls(label=text.strip(), method=method, knobs=tuple(sorted(knobs.items())))
 
 
@@ -262,8 +269,11 @@ def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: 
     """Warm-up call (compilation), then `reps` timed calls of `jspec.generate`; the fastest is kept.
     reps=0: one call, no warm-up (its time includes compilation: for checks that only need the tokens)."""
     import jspec
+    knobs = dict(spec.knobs)
+    if "loop" in knobs:   # ar:loop=decode: the old plain-decoding loop (AR_LOOPS)
+        knobs["_ar_loop"] = knobs.pop("loop")
     kw = dict(method=spec.method, max_new_tokens=new, ignore_eos=ignore_eos, impl=impl, temperature=temperature,
-              seed=seed, **dict(spec.knobs))
+              seed=seed, **knobs)
     if reps == 0:
         return jspec.generate(model, prompts, **kw), 0.0
     t = time.perf_counter()
@@ -286,8 +296,9 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
     impl = AttnImpl() if impl is None else impl
     tok = model.tokenizer
     texts = _Texts(tok, *text_sources(texts_dir)) if workload in ("long-tasks", "continue") else None
-    # ar first: the reference for every speedup and identity of its shape
-    methods = [MethodSpec.parse("ar")] + [m for m in methods if m.method != "ar"]
+    # ar first: the reference for every speedup and identity of its shape (`ar:loop=decode` is another method)
+    ar = MethodSpec.parse("ar")
+    methods = [ar] + [m for m in methods if m != ar]
     records = []
     for L in lengths:
         for B in batches:
@@ -304,7 +315,7 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                 if spec.method == "ar" and ref is None:
                     ref = dict(tokens=toks, tps=s.tokens_per_s)
                 diffs = differences(ref["tokens"], toks)
-                rec = dict(method=spec.label, base_method=spec.method, knobs=s.knobs or {},
+                rec = dict(method=spec.label, base_method=spec.method, knobs=s.knobs or dict(spec.knobs),
                            lookup=int(dict(spec.knobs).get("lookup", 0)), L=L, B=B,
                            workload=workload, prompt_tokens_min=min(lens), prompt_tokens_max=max(lens),
                            prompt_tokens_mean=round(sum(lens) / len(lens), 1),
@@ -330,8 +341,9 @@ def summarize(records: list, peers: list) -> dict:
     for (L, B) in sorted({(r["L"], r["B"]) for r in records}):
         rows = [r for r in records if (r["L"], r["B"]) == (L, B)]
         ar = next(r for r in rows if r["method"] == "ar")
-        best = max((r for r in rows if r["method"] != "ar"), key=lambda r: r["tokens_per_s"], default=None)
-        best_plain = max((r for r in rows if r["method"] != "ar" and not r["lookup"]),
+        spec = [r for r in rows if r.get("base_method", r["method"]) != "ar"]   # not ar:loop=decode either
+        best = max(spec, key=lambda r: r["tokens_per_s"], default=None)
+        best_plain = max((r for r in spec if not r["lookup"]),
                          key=lambda r: r["tokens_per_s"], default=None)
         shape = {"ar_tokens_per_s": ar["tokens_per_s"],
                  "speedup_vs_ar": {r["method"]: r["speedup_vs_ar"] for r in rows if r["method"] != "ar"},

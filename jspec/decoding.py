@@ -46,13 +46,6 @@ def pad_prompts(prompts: list[list[int]], multiple: int = 64):
     return tokens, lengths
 
 
-def next_token(logits, samp: SamplingConfig, key):
-    """Greedy is its own branch (argmax); otherwise process (temperature/top-k/top-p) then draw."""
-    if samp.greedy:
-        return sampling.greedy(logits)
-    return sampling.draw(sampling.process_logits(logits, samp), key)
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "impl"), donate_argnames=("cache",))
 def prefill(params, cfg: ModelConfig, tokens, lengths, cache: kv_cache.KVCache, impl: AttnImpl = AttnImpl()):
     """Write right-padded prompts [B, T] (real lengths `lengths`) into an empty cache.
@@ -80,12 +73,15 @@ def decode(params, cfg: ModelConfig, samp: SamplingConfig, cache: kv_cache.KVCac
            max_new_tokens: int, stop_tokens: tuple = (), impl: AttnImpl = AttnImpl()):
     """Decode after `prefill`. Returns (tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], cache).
 
+    `jspec.generate` runs "ar" through the speculative engine instead (no drafts, the same tokens); this loop
+    stays, reachable there as `_ar_loop="decode"`, until a GPU shows the engine at least as fast (issue 28).
+
     A row stops after emitting a stop token (which is kept) or `max_new_tokens`; finished rows still ride
     along in the batch (static shapes) but their cache lengths no longer move and their attention no longer
     reads their cache (`model.forward(live=)`)."""
     B = first_logits.shape[0]
     key, sub = jax.random.split(key)
-    first = next_token(first_logits, samp, sub)
+    first = sampling.next_token(first_logits, samp, sub)
     stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
     is_stop = lambda t: jnp.any(t[:, None] == stops[None], axis=1)
     out = jnp.full((B, max_new_tokens), -1, jnp.int32).at[:, 0].set(first)
@@ -100,7 +96,7 @@ def decode(params, cfg: ModelConfig, samp: SamplingConfig, cache: kv_cache.KVCac
         old = st.cache.lengths
         logits, cache, _ = model.forward(params, cfg, st.cur[:, None], st.cache, impl=impl, live=~st.done)
         cache = cache.replace(lengths=jnp.where(st.done, old, cache.lengths))
-        tok = next_token(logits[:, 0], samp, sub)
+        tok = sampling.next_token(logits[:, 0], samp, sub)
         tok = jnp.where(st.done, -1, tok)
         out = st.out.at[:, st.step].set(tok)
         n_out = st.n_out + (~st.done).astype(jnp.int32)

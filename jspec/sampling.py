@@ -31,7 +31,7 @@ from jax import lax
 
 from jspec.config import SamplingConfig
 
-__all__ = ["process_logits", "greedy", "draw", "verify_chain", "verify_greedy"]
+__all__ = ["process_logits", "greedy", "draw", "next_token", "verify_chain", "verify_greedy"]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -105,6 +105,15 @@ def draw(probs: jax.Array, key: jax.Array) -> jax.Array:
     probs = jnp.asarray(probs, jnp.float32)
     logp = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
     return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+
+
+def next_token(logits: jax.Array, cfg: SamplingConfig, key: jax.Array) -> jax.Array:
+    """One token per row of plain decoding: `greedy` for a greedy cfg (key unused), else `process_logits` then
+    `draw`. logits [..., V] -> int32 [...]. Plain decoding and the engine's "ar" rounds both draw with it, one
+    key per step, so their sampled streams are the same for the same seed."""
+    if cfg.greedy:
+        return greedy(logits)
+    return draw(process_logits(logits, cfg), key)
 
 
 @jax.jit

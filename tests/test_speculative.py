@@ -10,6 +10,7 @@
 Shapes (batch, padding, capacity, max_new_tokens) are shared so each jitted function compiles once per
 configuration.
 """
+import dataclasses
 import functools
 
 import jax
@@ -275,6 +276,39 @@ def test_generate_api_fills_speculative_stats_and_rejects_bad_requests():
         jspec.generate(m, prompts, method="vegas", max_new_tokens=10, capacity=40)
     with pytest.raises(jspec.InputError, match="only apply to speculative"):
         jspec.generate(m, prompts, method="ar", collect="all")
+
+
+SAMPLED = SamplingConfig(temperature=0.9, top_k=20, top_p=0.95)
+
+
+@pytest.mark.parametrize("samp", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_ar_through_the_engine_equals_the_old_loop(samp):
+    """`generate(method="ar")` runs the engine with no drafts; its tokens equal the old loop's
+    (`decoding.decode`, reachable as `_ar_loop="decode"` for the GPU A/B of issue 28) token for token: greedy,
+    and sampled with the same seed (an "ar" round splits its key as a decode step does). Ragged prompts, a
+    stop token ending some rows early, a cache of exactly prompt + new tokens ("ar" needs no margin)."""
+    cfg, params, _, _, _, _ = setup("llama")
+    prompts = [np.random.default_rng(5).integers(4, cfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
+    kw = dict(max_new_tokens=NEW, temperature=samp.temperature, top_k=samp.top_k, top_p=samp.top_p, seed=3)
+    m = jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="")
+    free = jspec.generate(m, prompts, _ar_loop="decode", **kw).tokens
+    stop = next(t for t in free[0][2:] if all(t not in row for row in free[1:]))   # ends row 0 only
+    m = jspec.Model(params=params, cfg=dataclasses.replace(cfg, eos_token_ids=(stop,)), tokenizer=CharTokenizer(),
+                    path="")
+    old = jspec.generate(m, prompts, _ar_loop="decode", **kw)
+    new = jspec.generate(m, prompts, **kw)
+    assert new.tokens == old.tokens and len(new.tokens[0]) < NEW and old.tokens[1:] == free[1:]
+    assert jspec.generate(m, prompts, capacity=max(PROMPT_LENGTHS) + NEW, **kw).tokens == old.tokens
+    s = new.stats
+    assert (s.method, s.tau, s.accept_hist, s.knobs) == ("ar", 1.0, None, None) and s.tokens_per_s > 0
+    assert s.new_tokens == [len(t) for t in new.tokens] and s.prompt_tokens == list(PROMPT_LENGTHS)
+    assert s.decode_s > 0 and s.prefill_s > 0
+    if not samp.greedy:   # the seed matters (a sampler ignoring it would pass the identity alone)
+        assert jspec.generate(m, prompts, **dict(kw, seed=4)).tokens != new.tokens
+    with pytest.raises(jspec.InputError, match="static-batch 'ar' only"):
+        jspec.generate(m, prompts, method="vegas", _ar_loop="decode")
+    with pytest.raises(jspec.InputError, match="static-batch 'ar' only"):
+        jspec.generate(m, prompts, slots=2, _ar_loop="decode")
 
 
 def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):

@@ -85,6 +85,14 @@ def test_real_model_f32_greedy_identical(real, method):
     assert st.tau() > 1.5          # real text: the sparse drafts are mostly right
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_real_model_ar_through_the_engine_equals_the_old_loop(real, dtype):
+    """"ar" (no drafts) through the engine runs the old loop's one-token forwards: identical in bf16 too."""
+    out, st = _spec(real, dtype, SpecConfig("ar"))
+    np.testing.assert_array_equal(out, _ar(real, dtype))
+    assert st.tau() == 1.0 and np.asarray(st.rounds).tolist() == [NEW - 1, NEW - 1]
+
+
 def test_real_model_bf16_identical_up_to_near_ties(real):
     out, st = _spec(real, "bf16", SpecConfig("vegas", gamma=4, budget=64))
     ref = _ar(real, "bf16")

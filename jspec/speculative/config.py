@@ -168,7 +168,10 @@ class SpecConfig:
 
     def capacity_margin(self) -> int:
         """Cache slots needed beyond prompt + max_new_tokens: a round writes up to gamma + 1 slots ahead
-        (longspec: the root, every tree node and the lookup chain)."""
+        (longspec: the root, every tree node and the lookup chain). "ar" needs none: its round writes only the
+        newest token, at a slot below prompt + max_new_tokens, as plain decoding does."""
+        if self.method == "ar":
+            return 0
         return sum(self.widths) + self.lookup + 1
 
     def describe(self) -> dict:

@@ -41,11 +41,8 @@ def run_until(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, 
     """Rounds until `need` rows not `retired` (bool[B]) are done, or every row is: the loop carry, donated.
 
     `need` is traced (one program for any value); rows done and waiting for a refill count towards it."""
-    def cond(st):
-        return (jnp.sum(st.done & ~retired) < need) & ~jnp.all(st.done)
-
-    return jax.lax.while_loop(
-        cond, lambda st: engine.round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter), st)
+    return engine.rounds(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter,
+                         more=lambda st: jnp.sum(st.done & ~retired) < need)
 
 
 def _take_row(big, small, slot, row, axis):

@@ -1,4 +1,5 @@
-"""The one driver of every self-speculative method: the target drafts for itself with sparse attention.
+"""The one driver of every method: the target drafts for itself with sparse attention (plain decoding, "ar",
+is the method with no drafts: plain.py).
 
 One round (one iteration of a jitted `lax.while_loop`, no host sync):
 
@@ -20,9 +21,10 @@ sequence; tau = mean tokens emitted per verification.
 
 Entry points: `init` (prefill + method state), `prepare` (method state on an existing prefilled cache, so
 one prefill can serve several methods), `run` (pure, for use inside a caller's jit) and `run_donating` (the
-same, donating the state so the cache is updated in place). Each piece (`draft`, `verify`, `accept`, the
-method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to split the round
-time offline.
+same, donating the state so the cache is updated in place); both run `rounds`, the one while_loop of
+`round_`, which continuous batching (continuous.py) also runs between refills. Each piece (`draft`, `verify`,
+`accept`, the method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to
+split the round time offline.
 
 Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each: the round is
 the same for all of them, only which KV entries a draft step reads differs.
@@ -235,7 +237,10 @@ def verify(params, cfg: ModelConfig, spec: SpecConfig, cache, last, drafts, impl
 
 
 def accept(samp: SamplingConfig, drafts, q, target_logits, key):
-    """Lossless acceptance (step 3): n_accepted int32[B] in [0, gamma] and the corrected/bonus token int32[B]."""
+    """Lossless acceptance (step 3): n_accepted int32[B] in [0, gamma] and the corrected/bonus token int32[B].
+    With no drafts ("ar") the token is plain decoding's (`sampling.next_token`, the same use of `key`)."""
+    if drafts.shape[1] == 0:
+        return jnp.zeros(drafts.shape[:1], jnp.int32), sampling.next_token(target_logits[:, 0], samp, key)
     if samp.greedy:
         return sampling.verify_greedy(drafts, target_logits)
     p = sampling.process_logits(target_logits, samp)
@@ -302,10 +307,20 @@ def run_donating(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfi
 
 def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl, drafter=None):
     st = start(spec, samp, state, key, max_new_tokens, stop_tokens)
-    st = jax.lax.while_loop(lambda st: ~jnp.all(st.done),
-                            lambda st: round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter),
-                            st)
+    st = rounds(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter)
     return finish(st, state.logits)
+
+
+def rounds(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, impl, drafter=None,
+           more=None) -> "_Loop":
+    """The while_loop of rounds: until every row is done, or earlier once `more(st)` (traced bool) is False
+    (continuous batching stops when enough rows are free for a refill)."""
+    def cond(st):
+        going = ~jnp.all(st.done)
+        return going if more is None else going & more(st)
+
+    return jax.lax.while_loop(
+        cond, lambda st: round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter), st)
 
 
 def finish(st: "_Loop", logits):
@@ -326,10 +341,7 @@ def start(spec: SpecConfig, samp: SamplingConfig, state: State, key, max_new_tok
     g = spec.depth
     is_stop = _stop_test(stop_tokens)
     key, sub = jax.random.split(key)
-    if samp.greedy:
-        first = sampling.greedy(state.logits)
-    else:
-        first = sampling.draw(sampling.process_logits(state.logits, samp), sub)
+    first = sampling.next_token(state.logits, samp, sub)
     out = jnp.full((B, max_new_tokens + g + 1), -1, jnp.int32).at[:, 0].set(first)
     return _Loop(cache=state.cache, mstate=state.method, last=first, out=out, n_out=jnp.ones((B,), jnp.int32),
                  done=is_stop(first) | (max_new_tokens <= 1), key=key, rounds=jnp.zeros((B,), jnp.int32),
@@ -341,7 +353,11 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     is_longspec = spec.method == "longspec"
     g = spec.depth
     is_stop = _stop_test(stop_tokens)
-    key, k_draft, k_accept = jax.random.split(st.key, 3)
+    if spec.method == "ar":   # one key per step, split as `decoding.decode` splits it: the same sampled tokens
+        key, k_accept = jax.random.split(st.key)
+        k_draft = None
+    else:
+        key, k_draft, k_accept = jax.random.split(st.key, 3)
     base = st.cache.lengths
     live = ~st.done   # finished rows ride along without reading their caches (model.forward's `live`)
     if is_longspec:   # drafts = the accepted path; the cache is already compacted

@@ -1,7 +1,8 @@
 """Plain decoding as the engine's degenerate method ("ar" with gamma = 0): no drafts, each round is one
 full-attention target step over `last` (the verification of an empty chain), so a round emits exactly the
-token plain decoding emits. It exists so that `serve` (continuous batching) can run plain decoding through
-the same slots, refills and stats as the speculative methods; static batches keep `decoding.decode`.
+token plain decoding emits: the same greedy tokens, and for sampling the same tokens for the same seed (the
+engine splits an "ar" round's key as `decoding.decode` splits its step's). `jspec.generate` runs "ar" through
+the engine like every other method, static batches and `serve`'s slots alike.
 
 Method interface: see streaming.py.
 """
