@@ -358,9 +358,14 @@ def add_arguments(ap):
 
 def run(a) -> int:
     import jspec
+    from jspec import checkpoints
     if a.texts is not None and not os.path.isdir(a.texts):
         raise InputError(f"--texts {a.texts!r} is not a folder")
-    model = jspec.load(a.model)
+    path = checkpoints.resolve(a.model, progress=True)
+    _checks(checkpoints.load_config(path), length=a.length, budget=a.budget, sink=a.sink, window=a.window,
+            page=a.page, drafter=a.drafter, draft_support=a.draft_support, n_prompts=a.prompts, rounds=a.rounds,
+            gamma=a.gamma, min_gain=a.min_gain, estimation_frac=a.estimation_frac, m_grid=M_GRID)   # before loading
+    model = jspec.load(path)
     prof = profile_heads(model, length=a.length, budget=a.budget, sink=a.sink, window=a.window, page=a.page,
                          drafter=a.drafter, draft_support=a.draft_support, draft_budget=a.draft_budget,
                          drafter_dir=a.drafter_dir, texts_dir=a.texts, n_prompts=a.prompts, rounds=a.rounds,
