@@ -246,3 +246,29 @@ def test_cli_fidelity_refuses_a_profile_for_another_model(tiny_ckpt, no_load, ca
     err = capsys.readouterr().err
     assert rc == 2 and "made for another model" in err and err.count("\n") == 1, err
     assert json.load(open(path))["format"] == "jspec-dustin-profile/1"
+
+
+def test_longspec_drafter_signal_profile_and_fidelity():
+    """drafter="longspec": the draft signal is the drafter's cross-attention over the target's last layer while
+    it drafts the block -- gamma softmaxes per head over the slots before the block. Its heads are (0, h); the
+    fidelity tool takes that profile with the longspec draft signal and refuses it with another."""
+    from jspec.drafter import Drafter, init_drafter_params
+    m = tiny(dtype="float32")
+    cfg, B, L, T = m.cfg, 2, 120, 5
+    dr = Drafter(params=init_drafter_params(cfg, jax.random.key(1), scale=0.5), cfg=cfg, window=16, meta={})
+    toks = jnp.asarray(np.random.default_rng(5).integers(4, 120, (B, L + T + 1)), jnp.int32)
+    cache = R.prefill(m.params, R.new_cache(cfg, B, 128), toks[:, :L], cfg=cfg)
+    w = R.longspec_draft(dr.params, m.params, toks, cache.lengths, toks[:, L:L + T], cache.k[-1], cfg=cfg,
+                         window=16)
+    assert w.shape == (B, cfg.n_heads, 128)
+    np.testing.assert_allclose(w.sum(-1), T - 1, rtol=1e-5)
+    assert float(jnp.abs(w[..., L:]).max()) == 0.0 and float(jnp.std(w[:, 0] - w[:, 1])) > 0
+    prompts = np.asarray(toks).tolist()
+    prof = Hd.profile_heads(m, length=L, budget=32, sink=4, window=8, rounds=1, gamma=4, prompts=prompts,
+                            drafter="longspec", drafter_dir=dr, m_grid=(1.0,), progress=False, log=lambda s: None)
+    assert prof.drafter == "longspec" and prof.draft_heads and all(lay == 0 for lay, _ in prof.draft_heads)
+    doc = F.fidelity(m, lengths=[L], budgets=[32], methods=["dustin"], profile=prof, draft_signal="longspec",
+                     drafter_dir=dr, prompts=prompts, rounds=1, progress=False, log=lambda s: None)
+    assert doc["settings"]["draft_signal"] == "longspec" and doc["records"][1]["m"] == 32 - 4 - 8
+    with pytest.raises(InputError, match="made for drafter 'longspec'"):
+        F.fidelity(m, lengths=[L], budgets=[32], profile=prof, prompts=prompts, rounds=1, progress=False)
