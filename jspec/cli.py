@@ -329,8 +329,9 @@ def main(argv=None):
 
     from jspec.offline import fidelity as fidelity_cli
     from jspec.offline import heads as heads_cli
-    ph = sub.add_parser("profile-heads", help="Dustin: choose the retrieval heads (SRHs) and the tier split m that "
-                                              "maximise the attention recovery rate on real text -> a profile JSON + plot")
+    ph = sub.add_parser("profile-heads", help="Dustin: choose the retrieval heads (SRHs) and the tier split m "
+                                              "that maximise the attention recovery rate on real text -> a profile "
+                                              "JSON + plot")
     heads_cli.add_arguments(ph)
     fd = sub.add_parser("fidelity", help="Dustin: teacher-forced top-1 agreement and NLL increase of sparse "
                                          "verification against dense, per selection method and budget -> JSON + plot")

@@ -33,7 +33,7 @@ def needle_model(head=1):
     cfg = tiny_config("qwen2", dtype="float32")
     p = random_params(cfg, 0)
     lp = p["layers"]
-    H, slow = cfg.head_dim, cfg.head_dim // 2 - 1
+    slow = cfg.head_dim // 2 - 1                     # the last RoPE pair (slow, slow + H/2): the slowest
     lp["wq"][:] = 0.0
     lp["bq"][:] = 0.0
     lp["bq"][0, head, slow] = 8.0

@@ -362,9 +362,10 @@ def run(a) -> int:
            window=window, page=page, quest_page=a.quest_page, n_prompts=a.prompts, rounds=a.rounds, gamma=a.gamma)
     state = provenance.source_state()
     if (state["dirty"] or not state["verified"]) and not a.allow_dirty:   # as `jspec bench`: before any work
-        raise InputError(f"refusing to run: the source tree is {'dirty' if state['verified'] else 'not tied to a commit'}"
-                         f" (commit {state['commit'][:12]}); commit first, pass JSPEC_COMMIT=$(python -m "
-                         f"jspec.provenance) on a machine without .git, or --allow-dirty")
+        what = "dirty" if state["verified"] else "not tied to a commit"
+        raise InputError(f"refusing to run: the source tree is {what} (commit {state['commit'][:12]}); commit "
+                         f"first, pass JSPEC_COMMIT=$(python -m jspec.provenance) on a machine without .git, or "
+                         f"--allow-dirty")
     import jspec
     model = jspec.load(path)
     doc = fidelity(model, lengths=lengths, budgets=budgets, methods=methods, profile=prof,
