@@ -303,6 +303,7 @@ def plot(prof: Profile, path: str) -> Optional[str]:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
@@ -310,6 +311,7 @@ def plot(prof: Profile, path: str) -> Optional[str]:
         bold = int(m) == prof.m
         a.plot([s["n_srh"] for s in steps], [s["arr"] for s in steps], marker="o", ms=3,
                lw=2.2 if bold else 1, label=f"m={m}" + (" (chosen)" if bold else ""))
+    a.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     a.set_xlabel("SRHs chosen (target + draft heads)")
     a.set_ylabel("ARR")
     a.legend(fontsize=7)
