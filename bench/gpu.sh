@@ -13,6 +13,10 @@
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
+#   heads            Dustin: `jspec profile-heads` at L=8000, budget 512 (drafter self, vegas reads) -> $OUT/
+#                    dustin_heads_h200.json + .png; also kept in $C for a later `fidelity` call on the warm machine
+#   fidelity         Dustin: `jspec fidelity` teacher-forced at L=$LENGTHS (default 2048,4096,8000), budgets
+#                    128..1024, with $C's profile when `heads` ran before -> $OUT/dustin_fidelity_h200.json + .png
 set -uo pipefail
 C=/root/jspec-cache
 # The flags users get: jspec adds --xla_gpu_enable_triton_gemm=false (cuBLAS GEMMs) on import unless XLA_FLAGS
@@ -27,6 +31,11 @@ run() {  # run NAME TIMEOUT ARGS...
   timeout "$t" python3 -m jspec.bench --texts $C/corpus --out "$OUT/bench_${name}_h200.json" "$@" 2>&1 \
     | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/bench_${name}_h200_log.txt" | tail -25
 }
+tool() {  # tool NAME TIMEOUT SUBCOMMAND ARGS...: a jspec offline tool, its log beside its files in $OUT
+  local name=$1 t=$2; shift 2
+  timeout "$t" python3 -m jspec.cli "$@" 2>&1 | grep -v -e Warning -e "^  warnings.warn" \
+    | tee "$OUT/dustin_${name}_h200_log.txt" | tail -25
+}
 for mode in "$@"; do
   case "$mode" in
     stage1) mkdir -p $C/corpus && cp .gpu/a1/* $C/ && cp .carry/heldout/*.txt $C/corpus/ ;;
@@ -38,6 +47,11 @@ for mode in "$@"; do
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths 7936 --batches 64 ;;
+    heads) tool heads "${T_RUN:-560}" profile-heads --texts $C/corpus --length 8000 --budget 512 \
+             --out $C/dustin_heads_h200.json && cp $C/dustin_heads_h200.json $C/dustin_heads_h200.png "$OUT/" ;;
+    fidelity) prof=$([ -f $C/dustin_heads_h200.json ] && echo "--profile $C/dustin_heads_h200.json")
+              tool fidelity "${T_RUN:-560}" fidelity --texts $C/corpus --lengths "${LENGTHS:-2048,4096,8000}" \
+                --budgets 128,256,512,1024 $prof --out "$OUT/dustin_fidelity_h200.json" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done

@@ -327,6 +327,16 @@ def main(argv=None):
                                       "jspec.generate on long ragged tasks, peers in the same run -> JSON + plot")
     bench_cli.add_arguments(bn)
 
+    from jspec.offline import fidelity as fidelity_cli
+    from jspec.offline import heads as heads_cli
+    ph = sub.add_parser("profile-heads", help="Dustin: choose the retrieval heads (SRHs) and the tier split m "
+                                              "that maximise the attention recovery rate on real text -> a profile "
+                                              "JSON + plot")
+    heads_cli.add_arguments(ph)
+    fd = sub.add_parser("fidelity", help="Dustin: teacher-forced top-1 agreement and NLL increase of sparse "
+                                         "verification against dense, per selection method and budget -> JSON + plot")
+    fidelity_cli.add_arguments(fd)
+
     from jspec.drafter import cli as drafter_cli
     t = sub.add_parser("train-drafter", help="train the LongSpec drafter block against a frozen target")
     drafter_cli.add_arguments(t)
@@ -347,6 +357,10 @@ def main(argv=None):
             return drafter_cli.run_selfgen(a)
         elif a.cmd == "bench":
             return bench_cli.run(a)
+        elif a.cmd == "profile-heads":
+            return heads_cli.run(a)
+        elif a.cmd == "fidelity":
+            return fidelity_cli.run(a)
         elif a.cmd == "generate":
             kw = {k: v for k, v in vars(a).items() if k != "cmd"}
             cmd_generate(**kw)

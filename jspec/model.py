@@ -148,7 +148,7 @@ def _flat(w, start, stop=None):
 def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
             tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
             score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None,
-            positions=None, live=None):
+            positions=None, live=None, attend: Optional[Callable] = None):
     """Run T new tokens per sequence through the model, appending their K/V to the cache.
 
     Args:
@@ -163,6 +163,9 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
       score_rows / score_mode: collect per-layer scores of these query rows (see attention.full).
       selector: query-aware sparse attention (Quest-style drafting): `selector(layer, q[B, T, N, H]) ->
         (idx int32[B, M], n_valid int32[B])` picks each layer's entries from its own queries; replaces `sparse`.
+      attend: offline analysis only (jspec/offline): `attend(layer, q [B, T, N, H], k_all, v_all, kv_len) ->
+        out [B, T, N, H]` replaces every layer's attention (e.g. a masked f32 softmax that also reads the
+        queries); no scores are collected then. None (every runtime caller): the program is unchanged.
       live: optional bool[B]; rows where it is False are finished and ride along (a speculative batch runs
         until its slowest row is done): their K/V are still written, but their attention reads almost
         nothing of the cache (only the first T slots, no selections, an empty tree prefix), so a
@@ -210,7 +213,9 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
                 q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
             q, k = rope(q, positions, cfg), rope(k, positions, cfg)
         k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
-        if selector is not None:
+        if attend is not None:
+            o = attend(i, q, k_all, v_all, kv_len)
+        elif selector is not None:
             sel_idx, sel_n = selector(i, q)
             o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, live_n(sel_n), impl=impl)
         elif sparse is not None:
@@ -244,7 +249,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
     n_new = jnp.full((B,), T, jnp.int32) if n_new is None else n_new.astype(jnp.int32)
     cache = kv_cache.KVCache(k=k_all, v=v_all, lengths=start + n_new)
-    aux = {"scores": jnp.stack(all_scores)} if score_rows and sparse is None else {}
+    aux = {"scores": jnp.stack(all_scores)} if score_rows and all_scores else {}
     return logits, cache, aux
 
 
