@@ -110,14 +110,15 @@ def _gate_up(h, p):
 
 
 def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
-    """pallas_kernels.dense when this step's layers can run as fused launches (AttnImpl.dense_rows), else None.
+    """pallas_kernels.dense when this step's layers can run as fused launches (AttnImpl.dense_rows, or exact
+    mode), else None.
 
     Needs the fused weight layout, a plain Llama-style layer (no q/k/v bias or q/k norm) and a shape the
     kernels tile (rows are padded to a multiple of 16 by `forward`); anything else (CPU without interpret,
     tensor parallelism) keeps XLA's path.
     """
-    if (impl.backend == "xla" or impl.mesh is not None or M > impl.dense_rows or cfg.qkv_bias or cfg.qk_norm
-            or "wqkv" not in params["layers"]):
+    if (impl.backend == "xla" or impl.mesh is not None or (M > impl.dense_rows and not impl.exact)
+            or cfg.qkv_bias or cfg.qk_norm or "wqkv" not in params["layers"]):
         return None
     from pallas_kernels import _common, dense
     lp = params["layers"]
@@ -133,6 +134,14 @@ def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
     except NotImplementedError:
         return None
     return dense
+
+
+def exact_supported(params, cfg: ModelConfig, impl: AttnImpl) -> bool:
+    """Whether `impl` (with exact=True) runs this model's one-token and verification steps exactly: the fused
+    dense kernels tile its layers and the attention kernels run here (docs/methods.md, "Lossless")."""
+    from pallas_kernels import _common   # _dense_kernels also checks that Pallas runs here
+    return (impl.exact and _dense_kernels(params, cfg, 16, impl) is not None
+            and cfg.head_dim in _common.SUPPORTED_HEAD_DIMS)
 
 
 def _pad16(M: int) -> int:
@@ -172,6 +181,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
       logits f32[B, R or T, V], the updated cache, and aux: {"scores": f32[L, B, S]} when score_rows.
     """
     B, T = tokens.shape
+    impl = impl.for_step(T)   # exact mode covers decode and verification steps, not long prefills
     start = cache.lengths
     if positions is None:
         offs = tree.depth if tree is not None else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))

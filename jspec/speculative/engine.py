@@ -187,6 +187,7 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, msta
         return jnp.zeros((cache.batch, 0), jnp.int32), None, cache
     m = _method(spec)
     sel = m.begin_round(spec, cfg, mstate, cache.lengths)
+    impl = impl.for_drafts()   # verification rewrites every drafted slot: exact mode need not cover drafts
 
     def step(carry, j):
         cache, tok, key = carry
