@@ -139,9 +139,40 @@ def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
 def exact_supported(params, cfg: ModelConfig, impl: AttnImpl) -> bool:
     """Whether `impl` (with exact=True) runs this model's one-token and verification steps exactly: the fused
     dense kernels tile its layers and the attention kernels run here (docs/methods.md, "Lossless")."""
-    from pallas_kernels import _common   # _dense_kernels also checks that Pallas runs here
-    return (impl.exact and _dense_kernels(params, cfg, 16, impl) is not None
-            and cfg.head_dim in _common.SUPPORTED_HEAD_DIMS)
+    from pallas_kernels import _common, dense   # _dense_kernels also checks that Pallas runs here
+    if not impl.exact or _dense_kernels(params, cfg, 16, impl) is None or cfg.head_dim not in _common.SUPPORTED_HEAD_DIMS:
+        return False
+    w, wt = _head_args(params, cfg)
+    try:
+        dense.check_shapes("head", jax.ShapeDtypeStruct((16, cfg.d_model), w.dtype), w, 0, w_transposed=wt)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _head_args(params, cfg: ModelConfig):
+    """(w, w_transposed) of the LM head as the dense kernel's one-layer weight: lm_head [1, D, V], or the tied
+    embedding [1, V, D] read transposed (a free reshape, no [D, V] copy)."""
+    if cfg.tie_embeddings:
+        return params["embed"][None], True
+    return params["lm_head"][None], False
+
+
+def _exact_head(params, cfg: ModelConfig, x, impl: AttnImpl):
+    """Exact mode's final RMSNorm + LM head on the dense kernel (rows independent of each other, like the
+    layers'), f32 logits [B, R, V]; None where the kernel does not tile the head (XLA's head then runs)."""
+    from pallas_kernels import dense
+    B, R, D = x.shape
+    M = _pad16(B * R)
+    w, wt = _head_args(params, cfg)
+    try:
+        dense.check_shapes("head", jax.ShapeDtypeStruct((M, D), x.dtype), w, 0, w_transposed=wt)
+    except NotImplementedError:
+        return None
+    xs = jnp.pad(x.reshape(B * R, D), ((0, M - B * R), (0, 0)))
+    logits = dense.dense(xs, w, 0, mode="head", norm_w=params["final_norm"][None], eps=cfg.norm_eps,
+                         w_transposed=wt, implementation="pallas", interpret=impl.interpret)
+    return logits[:B * R].reshape(B, R, -1)
 
 
 def _pad16(M: int) -> int:
@@ -249,9 +280,11 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         x = xs[:M].reshape(B, T, -1)
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, :, None], axis=1)
-    x = rms_norm(x, params["final_norm"], eps)
-    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
+    logits = _exact_head(params, cfg, x, impl) if fused is not None and impl.exact else None
+    if logits is None:
+        x = rms_norm(x, params["final_norm"], eps)
+        head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+        logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
     n_new = jnp.full((B,), T, jnp.int32) if n_new is None else n_new.astype(jnp.int32)
     cache = kv_cache.KVCache(k=k_all, v=v_all, lengths=start + n_new)
     aux = {"scores": jnp.stack(all_scores)} if score_rows and sparse is None else {}
