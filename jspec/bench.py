@@ -19,8 +19,9 @@ distinct tokens in the output (a model that loops flatters prompt lookup).
 `--exact` runs every method, `ar` (the reference) included, in bf16 exact mode (`AttnImpl(exact=True)`) and adds
 to the summary the least share of rows identical to ar over the other methods (1.0 is the claim:
 docs/methods.md, "Lossless"); `--exact-cost` also times each method in the default mode in the same call and
-records exact mode's cost, (default tokens/s - exact tokens/s) / default tokens/s, per method and its maximum. `--peers hf,hf-compile` times
-Hugging Face transformers on the same prompts in a separate process first (`jspec.peers`; needs torch). The
+records exact mode's cost, (default tokens/s - exact tokens/s) / default tokens/s, per method and its maximum.
+
+`--peers hf,hf-compile` times Hugging Face transformers on the same prompts in a separate process first (`jspec.peers`; needs torch). The
 file carries its provenance (`jspec.provenance`): a run from a tree that differs from its commit is refused
 unless `--allow-dirty`.
 """

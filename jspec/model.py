@@ -140,7 +140,8 @@ def exact_supported(params, cfg: ModelConfig, impl: AttnImpl) -> bool:
     """Whether `impl` (with exact=True) runs this model's one-token and verification steps exactly: the fused
     dense kernels tile its layers and the attention kernels run here (docs/methods.md, "Lossless")."""
     from pallas_kernels import _common, dense   # _dense_kernels also checks that Pallas runs here
-    if not impl.exact or _dense_kernels(params, cfg, 16, impl) is None or cfg.head_dim not in _common.SUPPORTED_HEAD_DIMS:
+    if (not impl.exact or _dense_kernels(params, cfg, 16, impl) is None
+            or cfg.head_dim not in _common.SUPPORTED_HEAD_DIMS):
         return False
     w, wt = _head_args(params, cfg)
     try:

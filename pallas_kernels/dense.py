@@ -20,12 +20,11 @@ power-of-two pieces (576 -> 512 + 64), unrolled. RMSNorm scales each piece by th
 taken over the pieces first.
 
 In whole generation loops no launch config measured beats cuBLAS + XLA's fusions (docs/performance.md), so
-the model uses them only on request (AttnImpl.dense_rows). What they offer instead: a row's result does not
-depend on how many rows the launch has (fixed tiles, block_m fixed by M's divisibility alone, fixed
-contraction order), unlike cuBLAS, whose algorithm and so rounding change with M. A one-token ar step and a
-(gamma+1)-token verification then compute the same bf16 dense outputs; where the attention tiles match too
-(verifications of <= 16 packed rows T*G: gamma <= 4 for SmolLM2, docs/methods.md "Exactness"), vegas' greedy
-output equalled ar's on every measured token.
+the model uses them only on request (AttnImpl.dense_rows, and exact mode: AttnImpl.exact). What they offer
+instead: a row's result does not depend on how many rows the launch has (fixed tiles, block_m fixed by M's
+divisibility alone, fixed contraction order), unlike cuBLAS, whose algorithm and so rounding change with M. A
+one-token ar step and a (gamma+1)-token verification then compute the same bf16 dense outputs; exact mode
+pairs them with attention kernels of the same property (docs/methods.md, "Lossless").
 
 Numerics follow jspec.model's XLA path: the GEMM result is rounded to the activation dtype before RoPE /
 SwiGLU / the residual add (as XLA's einsum output is), elementwise steps run in f32 and round per step.
