@@ -21,9 +21,9 @@ to the summary the least share of rows identical to ar over the other methods (1
 docs/methods.md, "Lossless"); `--exact-cost` also times each method in the default mode in the same call and
 records exact mode's cost, (default tokens/s - exact tokens/s) / default tokens/s, per method and its maximum.
 
-`--peers hf,hf-compile` times Hugging Face transformers on the same prompts in a separate process first (`jspec.peers`; needs torch). The
-file carries its provenance (`jspec.provenance`): a run from a tree that differs from its commit is refused
-unless `--allow-dirty`.
+`--peers hf,hf-compile` times Hugging Face transformers on the same prompts in a separate process first
+(`jspec.peers`; needs torch). The file carries its provenance (`jspec.provenance`): a run from a tree that
+differs from its commit is refused unless `--allow-dirty`.
 """
 from __future__ import annotations
 
