@@ -179,10 +179,11 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
     n_m = C.cdiv(subs, n_sub)
     nP = n_m * n_sub * npb                        # packed node slots
     block_m = n_sub * sub
-    # Ancestors by depth from the ancestor-or-self mask: node j's depth is its row's count minus one.
+    # Ancestors by depth from the ancestor-or-self mask: node j's depth is its row's count minus one, and a
+    # node's ancestors have distinct depths, so sorting its row's ancestors by depth lists its path.
     depth = tree_mask.sum(axis=-1).astype(jnp.int32) - 1                                   # [B, n]
-    at = tree_mask[:, :, :, None] & (depth[:, None, :, None] == jnp.arange(n)[None, None, None, :])
-    anc = jnp.argmax(at, axis=2).astype(jnp.int32)                                         # [B, n, n]
+    key = jnp.where(tree_mask, depth[:, None, :], n)                                       # non-ancestors last
+    anc = jnp.argsort(key, axis=-1, stable=True).astype(jnp.int32)                         # [B, n, n]
     anc = jnp.pad(anc, ((0, 0), (0, nP - n), (0, 0)))
     depth_p = jnp.pad(depth, ((0, 0), (0, nP - n)), constant_values=-1)
     tail_end = prefix_len + depth.max(axis=1) + 1
