@@ -326,11 +326,6 @@ def store_sub_blocks(carry, o_ref, lse_ref):
 # ----------------------------------------------------------------------------------------------
 # Exact mode: a schedule whose rounding of a query row does not depend on the step's other rows.
 
-# Packed rows per program in exact mode (a multiple of the sub-block): the sub-blocks of one program share
-# each K/V tile load, so a step of up to this many rows reads the cache once.
-EXACT_PROGRAM_ROWS = 64
-
-
 def exact_sub_rows(groups: int) -> int:
     """Rows of exact mode's MMA tile: the one-token step's own tile, `row_block(G)` (16 up to G = 16)."""
     return row_block(groups, 64)

@@ -70,18 +70,19 @@ def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) ->
                         num_warps=4, num_stages=2)
 
 
-def exact_block_sizes(rows: int, groups: int, head_dim: int, dtype, base: C.BlockSizes | None = None,
-                      max_rows: int = C.EXACT_PROGRAM_ROWS) -> tuple[C.BlockSizes, int]:
+def exact_block_sizes(rows: int, groups: int, head_dim: int, dtype,
+                      base: C.BlockSizes | None = None) -> tuple[C.BlockSizes, int]:
     """Exact mode's schedule for a step of `rows` packed rows: (block sizes, sub-block rows).
 
     Everything that decides how a row is rounded is the one-token step's and depends on G, H and the dtype
-    only: the key tile (`base`, default the T=1 `default_block_sizes(G)`), warps and stages, the MMA tile of
-    `C.exact_sub_rows(G)` rows and (in `flash_partials`) the split-K plan. A longer step only gets more
-    sub-blocks, up to `max_rows` per program (one K/V read for all of them), then more programs.
+    only: the key tile, warps, stages and split count of `base` (default the T=1 `default_block_sizes(G)`),
+    the MMA tile of `C.exact_sub_rows(G)` rows and (in `flash_partials`) the split-K plan. A longer step only
+    gets more sub-blocks, up to base.block_m rows per program (64 by default: one K/V read for all of them),
+    then more programs.
     """
     base = base or default_block_sizes(groups, head_dim, dtype)
     sub = C.exact_sub_rows(groups)
-    block_m = max(sub, min(max(max_rows, sub), C.next_pow2(rows)))
+    block_m = max(sub, min(base.block_m, C.next_pow2(rows)))
     return dataclasses.replace(base, block_m=block_m), sub
 
 
@@ -386,7 +387,7 @@ def flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_sca
         kernel, so every layer shares one compiled kernel), or None when k, v are one layer.
       exact: exact mode (`exact_block_sizes`): each output row is rounded exactly as in a one-token step
         at its position (same key tiles, MMA tile, split-K plan and merge), whatever T is. `block_sizes`
-        then gives the one-token schedule (block_m: the most rows per program).
+        then gives the one-token schedule (its block_m: the most rows per program).
       implementation: "pallas", "xla" (reference) or None (pallas, falling back to xla if unsupported).
     Returns:
       out [B,T,N,H] q.dtype; lse [B,N,T] f32 (natural log); scores [B,S] f32 summed over the N query
