@@ -20,6 +20,10 @@ from jspec.sharding import tp_axis
 # Largest f32 logits tensor [B, K, G, Tc, S] the XLA path materialises at once; longer queries (prefill)
 # are processed in chunks of Tc rows so memory stays bounded at any prompt length.
 _XLA_LOGITS_BUDGET = 1 << 30
+# Exact mode covers steps of at most this many tokens per sequence: decode, chain and tree verification.
+# Longer steps (prefills) keep the default path; a static batch's prefill is one and the same call for
+# every method, and exact attention's fixed split-K plan would hold [splits, T*G, H] partials per head there.
+EXACT_MAX_TOKENS = 128
 
 
 def _kernel_module(name: str):
@@ -35,6 +39,18 @@ class AttnImpl:
     `mesh`: the tensor-parallel mesh when params and cache are head-sharded (jspec/sharding.py). The Pallas
     kernels are custom calls XLA cannot partition, so they then run per shard under `shard_map` (queries
     split over N, the cache over K, each device its own heads); the XLA path needs no hint.
+
+    `exact` (bf16 exact mode, `--exact`): every step of at most EXACT_MAX_TOKENS tokens per sequence that
+    the target runs for keeps (an `ar` step, a chain or tree verification) rounds each of its rows exactly as
+    a one-token step at that row's position would: the dense part runs on the fused kernels of
+    pallas_kernels/dense.py (fixed tiles), attention on `flash_scores(exact=True)` / `tree_attention(exact=True)`
+    (the one-token step's key tiles, MMA tile, split-K plan and split merge; a tree node sees its ancestors
+    in the columns that one-token step has them in). So a speculative method's greedy output equals `ar`'s
+    (run with the same impl) bit for bit, whatever gamma, lookup tokens or tree shape (docs/methods.md,
+    "Lossless"). Draft steps keep the default path (`for_drafts`): their rounding only changes what is proposed.
+    Needs the Pallas kernels (a GPU, or interpret=True) and a model the dense kernels tile (Llama-style
+    layers, no q/k/v bias or q/k norm, contraction <= 2048: `model.exact_supported`); elsewhere the steps
+    fall back to the default path and are not exact. The final norm and LM head stay XLA's (f32 logits).
     """
 
     backend: Optional[str] = None
@@ -42,15 +58,25 @@ class AttnImpl:
     mesh: Optional[Mesh] = None
     # Steps of at most this many tokens (B*T) run each layer's dense part as fused Pallas launches
     # (pallas_kernels/dense.py) when the attention kernels are in use; 0 (default) keeps XLA's GEMMs. Opt-in
-    # because they are slower than cuBLAS in whole loops (docs/performance.md), but their rounding does not depend
-    # on the step's row count, so with dense_rows >= B*(gamma+1) a one-token step and a verification round the
-    # same way: a self-speculative method's bf16 greedy output then equals ar's as far as measured (gamma <= 4,
-    # no lookup tokens; larger blocks take other flash tiles, docs/methods.md "Exactness").
+    # because they are slower than cuBLAS in whole loops (docs/performance.md). Their rounding does not depend
+    # on the step's row count; `exact` uses them for every step it covers, whatever dense_rows says.
     dense_rows: int = 0
+    exact: bool = False
 
     def __post_init__(self):
         if self.backend not in (None, "xla", "pallas"):
             raise ValueError(f"unknown attention backend {self.backend!r}; use None, 'xla' or 'pallas'")
+        if self.exact and self.backend == "xla":
+            raise ValueError("exact mode needs the Pallas kernels; backend='xla' cannot be exact")
+
+    def for_step(self, T: int) -> "AttnImpl":
+        """The impl a step of T tokens per sequence runs with: exact only up to EXACT_MAX_TOKENS."""
+        return dataclasses.replace(self, exact=False) if self.exact and T > EXACT_MAX_TOKENS else self
+
+    def for_drafts(self) -> "AttnImpl":
+        """The impl of draft steps: the default path (a draft's rounding changes what is proposed, never what
+        is emitted, since every emitted token comes from a target step)."""
+        return dataclasses.replace(self, exact=False) if self.exact else self
 
 
 def _per_shard(impl: AttnImpl, kernel, q, k_all, v_all, *replicated, scores: bool = False):
@@ -99,7 +125,7 @@ def full(q, k_all, v_all, layer: int, kv_len, *, tree_mask=None, score_rows=(), 
                 def flash(q, k_all, v_all, kv_len):
                     out, _, scores = _kernel_module("flash_scores").flash_scores_kernel(
                         q, k_all, v_all, kv_len, score_rows=tuple(score_rows), score_mode=score_mode,
-                        interpret=impl.interpret, layer=layer)
+                        interpret=impl.interpret, layer=layer, exact=impl.exact)
                     return (out, scores) if score_rows else out
                 res = _per_shard(impl, flash, q, k_all, v_all, kv_len, scores=bool(score_rows))
                 return res if score_rows else (res, None)
@@ -108,7 +134,8 @@ def full(q, k_all, v_all, layer: int, kv_len, *, tree_mask=None, score_rows=(), 
 
             def tree(q, k_all, v_all, prefix_len, tree_mask):
                 return _kernel_module("tree_attention").tree_attention_kernel(
-                    q, k_all, v_all, prefix_len, tree_mask, interpret=impl.interpret, layer=layer)[0]
+                    q, k_all, v_all, prefix_len, tree_mask, interpret=impl.interpret, layer=layer,
+                    exact=impl.exact)[0]
             return _per_shard(impl, tree, q, k_all, v_all, kv_len - q.shape[1], tree_mask), None
         except NotImplementedError:
             if impl.backend == "pallas":

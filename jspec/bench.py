@@ -14,10 +14,16 @@ Workloads (`--workload`):
 
 Each record: method, knobs, L, B, prompt lengths, new tokens, tokens/s (new tokens after the first / decode
 time), tau, speedup over `ar` in the same run, the share of rows whose tokens equal `ar`'s, and the share of
-distinct tokens in the output (a model that loops flatters prompt lookup). `--peers hf,hf-compile` times
-Hugging Face transformers on the same prompts in a separate process first (`jspec.peers`; needs torch). The
-file carries its provenance (`jspec.provenance`): a run from a tree that differs from its commit is refused
-unless `--allow-dirty`.
+distinct tokens in the output (a model that loops flatters prompt lookup).
+
+`--exact` runs every method, `ar` (the reference) included, in bf16 exact mode (`AttnImpl(exact=True)`) and adds
+to the summary the least share of rows identical to ar over the other methods (1.0 is the claim:
+docs/methods.md, "Lossless"); `--exact-cost` also times each method in the default mode in the same call and
+records exact mode's cost, (default tokens/s - exact tokens/s) / default tokens/s, per method and its maximum.
+
+`--peers hf,hf-compile` times Hugging Face transformers on the same prompts in a separate process first
+(`jspec.peers`; needs torch). The file carries its provenance (`jspec.provenance`): a run from a tree that
+differs from its commit is refused unless `--allow-dirty`.
 """
 from __future__ import annotations
 
@@ -289,9 +295,11 @@ def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: 
 
 def bench(model, *, methods: list, lengths: list, batches: list, workload: str = "long-tasks", new: int = 256,
           texts_dir: Optional[str] = None, ignore_eos: bool = False, reps: int = 1, chat: bool = False,
-          lossless_check: bool = False, impl=None, log=print, on_record=None) -> list[dict]:
+          lossless_check: bool = False, impl=None, cost_impl=None, log=print, on_record=None) -> list[dict]:
     """Every method on every (L, B) shape, one prompt set per shape; records as the module docstring says.
-    `on_record(records)` is called after each method (the CLI rewrites its JSON: a killed run keeps its rows)."""
+    `on_record(records)` is called after each method (the CLI rewrites its JSON: a killed run keeps its rows).
+    cost_impl: also time each method with this impl (the default mode, against an exact-mode `impl`) and record
+    default_tokens_per_s and exact_cost_frac = (default - exact) / default tokens/s."""
     from jspec.attention import AttnImpl
     impl = AttnImpl() if impl is None else impl
     tok = model.tokenizer
@@ -326,13 +334,35 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                            distinct_token_share=distinct_share(toks), kinds=[p.kind for p in prompts])
                 if lossless_check:
                     rec.update(differences=diffs, timed=False)   # tokens/s includes compilation here
+                if impl.exact:
+                    rec["exact"] = True
+                if cost_impl is not None:   # the same method and prompts in the default mode, timed alike
+                    base, _ = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos, reps=reps, impl=cost_impl)
+                    d = base.stats.tokens_per_s
+                    rec.update(default_tokens_per_s=round(d, 1), exact_cost_frac=round((d - s.tokens_per_s) / d, 4))
                 records.append(rec)
                 if on_record is not None:
                     on_record(records)
+                cost = f"  exact costs {rec['exact_cost_frac']:.1%}" if "exact_cost_frac" in rec else ""
                 log(f"  {spec.label:<28} {rec['tokens_per_s']:>10.1f} tok/s  {rec['speedup_vs_ar']:>5.2f}x ar  "
                     f"tau {rec['tau']:<5} identical {rec['rows_identical_to_ar']:.2f}  distinct "
-                    f"{rec['distinct_token_share']:.2f}  (warm-up {warm_s:.0f} s)")
+                    f"{rec['distinct_token_share']:.2f}  (warm-up {warm_s:.0f} s){cost}")
     return records
+
+
+def exact_summary(records: list) -> dict:
+    """`--exact`'s summary: the least share of rows identical to (exact) ar over every other method and shape,
+    the methods it covers, and with `--exact-cost` exact mode's cost per method (its largest over the shapes)
+    and the largest over the methods, ar included; None where not measured."""
+    others = [r for r in records if r["method"] != "ar"]
+    costs = {}
+    for r in records:
+        if "exact_cost_frac" in r:
+            costs[r["method"]] = max(costs.get(r["method"], r["exact_cost_frac"]), r["exact_cost_frac"])
+    return {"exact_rows_identical_frac_min": min((r["rows_identical_to_ar"] for r in others), default=None),
+            "exact_methods": list(dict.fromkeys(r["method"] for r in others)),
+            "exact_cost_frac_max": max(costs.values()) if costs else None,
+            "exact_cost_frac": costs}
 
 
 def summarize(records: list, peers: list) -> dict:
@@ -447,7 +477,11 @@ def add_arguments(ap):
                     help="float32 weights with the highest matmul precision: list every row where a lossless "
                          "method's tokens differ from ar's (exit 1 if any)")
     ap.add_argument("--exact", action="store_true",
-                    help="bf16 exact mode (AttnImpl(dense_rows)): row-count-independent dense kernels")
+                    help="bf16 exact mode (AttnImpl(exact=True)) for every method, ar (the reference) included: "
+                         "greedy rows must equal ar's; the summary gives the least share that does")
+    ap.add_argument("--exact-cost", action="store_true",
+                    help="with --exact: also time each method in the default mode in the same call and record "
+                         "exact mode's cost per method (summary: exact_cost_frac_max)")
     ap.add_argument("--peers", default="", help="comma-separated peers run first on the same prompts in their own "
                                                  "process: hf (transformers, static cache), hf-compile "
                                                  "(the same under torch.compile, mode reduce-overhead)")
@@ -487,6 +521,10 @@ def run(a) -> int:
         raise BenchError(f"--reps must be >= 1, got {a.reps}")
     if a.new_tokens < 1:
         raise BenchError(f"--new-tokens must be >= 1, got {a.new_tokens}")
+    if a.exact_cost and not a.exact:
+        raise BenchError("--exact-cost measures exact mode: give --exact too")
+    if a.exact and a.check_lossless:
+        raise BenchError("--exact is a bf16 mode and --check-lossless runs float32: give one of them")
     if a.workload not in ("long-tasks", "continue") and not os.path.isdir(a.workload):
         raise BenchError(f"unknown workload {a.workload!r}: long-tasks, continue, or a folder of prompt files")
     if a.texts is not None and not os.path.isdir(a.texts):
@@ -529,12 +567,16 @@ def run(a) -> int:
     if a.check_lossless:
         jax.config.update("jax_default_matmul_precision", "highest")
     model = jspec.load(path, dtype="float32" if a.check_lossless else None)
-    impl = AttnImpl(dense_rows=max(batches) * 64) if a.exact else AttnImpl()
+    impl = AttnImpl(exact=True) if a.exact else AttnImpl()
     t0 = time.perf_counter()
     prov = provenance.record(allow_dirty=True)   # checked above; the record keeps dirty/verified as found
     settings = dict(methods=[m.label for m in methods], lengths=lengths, batches=batches, workload=a.workload,
                     texts=a.texts, new_tokens=a.new_tokens, ignore_eos=a.ignore_eos, reps=a.reps, exact=a.exact,
-                    check_lossless=a.check_lossless, dtype=str(jax.tree.leaves(model.params)[0].dtype))
+                    exact_cost=a.exact_cost, check_lossless=a.check_lossless,
+                    dtype=str(jax.tree.leaves(model.params)[0].dtype))
+    if a.exact:   # False: this model or device falls back to the default path, and the run is not exact mode
+        from jspec import model as model_lib
+        settings["exact_supported"] = model_lib.exact_supported(model.params, model.cfg, impl)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
     def write(records, complete=False):
@@ -544,6 +586,8 @@ def run(a) -> int:
             summary["lossless"] = {m.label: min(r["rows_identical_to_ar"] for r in records if r["method"] == m.label)
                                    for m in methods if m.label in done}
             summary["rows_checked_per_method"] = sum(batches) * len(lengths)
+        if a.exact:
+            summary.update(exact_summary(records))
         doc = dict(provenance=prov, settings=settings, complete=complete, wall_s=round(time.perf_counter() - t0, 1),
                    records=records, peers=peer_records, summary=summary)
         with open(a.out + ".part", "w") as f:
@@ -552,7 +596,8 @@ def run(a) -> int:
 
     records = bench(model, methods=methods, lengths=lengths, batches=batches, workload=a.workload,
                     new=a.new_tokens, texts_dir=a.texts, ignore_eos=a.ignore_eos, reps=a.reps, chat=a.chat,
-                    lossless_check=a.check_lossless, impl=impl, on_record=write)
+                    lossless_check=a.check_lossless, impl=impl, cost_impl=AttnImpl() if a.exact_cost else None,
+                    on_record=write)
     write(records, complete=True)
     png = plot(records, peer_records, os.path.splitext(a.out)[0] + ".png")
     print(f"wrote {a.out}" + (f" and {png}" if png else ""))

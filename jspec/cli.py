@@ -67,12 +67,10 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
         prompts = [text] * batch
     else:  # default: real long documents from the running Python's standard library
         prompts = data.long_prompts(m.tokenizer, prompt_tokens, count=batch)
-    # --exact: every decode / verification step's dense part on the row-independent Pallas kernels (steps of
-    # up to 64 tokens per row), so bf16 rounding does not depend on how many tokens a step carries. As measured
-    # (docs/methods.md) a self-speculative method's greedy output then equals `--exact` ar's up to gamma 4
-    # without lookup tokens; longer steps, lookup tokens and longspec's tree attention can still differ.
+    # --exact: bf16 exact mode (AttnImpl.exact): every decode and verification step rounds each row as a
+    # one-token step at its position would, so any lossless method's greedy output equals `--exact` ar's.
     from jspec.attention import AttnImpl
-    impl = AttnImpl(dense_rows=64 * batch) if exact else AttnImpl()
+    impl = AttnImpl(exact=True) if exact else AttnImpl()
     # The file and the flags go through as given (generate merges them as spec_config did above), so a
     # longspec run that names no shape drafts the drafter's tuned one for this batch.
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -280,10 +278,10 @@ def main(argv=None):
                    help="with --slots: prefill the next --refill prompts ahead and refill finished slots on the GPU "
                         "after every round instead of waiting for --refill free slots")
     g.add_argument("--exact", action="store_true",
-                   help="GPU, bf16: run each step's GEMMs on row-independent Pallas kernels, so rounding does not "
-                        "depend on the step's length (slower). As measured, a self-speculative method's greedy "
-                        "tokens then equal `--exact` ar's up to gamma 4 without --lookup; not so for longspec "
-                        "(docs/methods.md)")
+                   help="bf16 exact mode (GPU): every decode and verification step rounds each row as a one-token "
+                        "step would (row-independent Pallas GEMMs, attention on the one-token step's tiles), so "
+                        "greedy tokens of any method, lookup and longspec trees included, equal `--exact` ar's "
+                        "bit for bit; slower. Llama-style layers of width <= 2048 only (docs/methods.md)")
 
     u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma (streaming/quest/vegas), or "
                                     "LongSpec's draft-shape search -> a config JSON for `generate --config`")

@@ -110,14 +110,15 @@ def _gate_up(h, p):
 
 
 def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
-    """pallas_kernels.dense when this step's layers can run as fused launches (AttnImpl.dense_rows), else None.
+    """pallas_kernels.dense when this step's layers can run as fused launches (AttnImpl.dense_rows, or exact
+    mode), else None.
 
     Needs the fused weight layout, a plain Llama-style layer (no q/k/v bias or q/k norm) and a shape the
     kernels tile (rows are padded to a multiple of 16 by `forward`); anything else (CPU without interpret,
     tensor parallelism) keeps XLA's path.
     """
-    if (impl.backend == "xla" or impl.mesh is not None or M > impl.dense_rows or cfg.qkv_bias or cfg.qk_norm
-            or "wqkv" not in params["layers"]):
+    if (impl.backend == "xla" or impl.mesh is not None or (M > impl.dense_rows and not impl.exact)
+            or cfg.qkv_bias or cfg.qk_norm or "wqkv" not in params["layers"]):
         return None
     from pallas_kernels import _common, dense
     lp = params["layers"]
@@ -133,6 +134,46 @@ def _dense_kernels(params, cfg: ModelConfig, M: int, impl: AttnImpl):
     except NotImplementedError:
         return None
     return dense
+
+
+def exact_supported(params, cfg: ModelConfig, impl: AttnImpl) -> bool:
+    """Whether `impl` (with exact=True) runs this model's one-token and verification steps exactly: the fused
+    dense kernels tile its layers and the attention kernels run here (docs/methods.md, "Lossless")."""
+    from pallas_kernels import _common, dense   # _dense_kernels also checks that Pallas runs here
+    if (not impl.exact or _dense_kernels(params, cfg, 16, impl) is None
+            or cfg.head_dim not in _common.SUPPORTED_HEAD_DIMS):
+        return False
+    w, wt = _head_args(params, cfg)
+    try:
+        dense.check_shapes("head", jax.ShapeDtypeStruct((16, cfg.d_model), w.dtype), w, 0, w_transposed=wt)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _head_args(params, cfg: ModelConfig):
+    """(w, w_transposed) of the LM head as the dense kernel's one-layer weight: lm_head [1, D, V], or the tied
+    embedding [1, V, D] read transposed (a free reshape, no [D, V] copy)."""
+    if cfg.tie_embeddings:
+        return params["embed"][None], True
+    return params["lm_head"][None], False
+
+
+def _exact_head(params, cfg: ModelConfig, x, impl: AttnImpl):
+    """Exact mode's final RMSNorm + LM head on the dense kernel (rows independent of each other, like the
+    layers'), f32 logits [B, R, V]; None where the kernel does not tile the head (XLA's head then runs)."""
+    from pallas_kernels import dense
+    B, R, D = x.shape
+    M = _pad16(B * R)
+    w, wt = _head_args(params, cfg)
+    try:
+        dense.check_shapes("head", jax.ShapeDtypeStruct((M, D), x.dtype), w, 0, w_transposed=wt)
+    except NotImplementedError:
+        return None
+    xs = jnp.pad(x.reshape(B * R, D), ((0, M - B * R), (0, 0)))
+    logits = dense.dense(xs, w, 0, mode="head", norm_w=params["final_norm"][None], eps=cfg.norm_eps,
+                         w_transposed=wt, implementation="pallas", interpret=impl.interpret)
+    return logits[:B * R].reshape(B, R, -1)
 
 
 def _pad16(M: int) -> int:
@@ -175,6 +216,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
       logits f32[B, R or T, V], the updated cache, and aux: {"scores": f32[L, B, S]} when score_rows.
     """
     B, T = tokens.shape
+    impl = impl.for_step(T)   # exact mode covers decode and verification steps, not long prefills
     start = cache.lengths
     if positions is None:
         offs = tree.depth if tree is not None else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -244,9 +286,11 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         x = xs[:M].reshape(B, T, -1)
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, :, None], axis=1)
-    x = rms_norm(x, params["final_norm"], eps)
-    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
+    logits = _exact_head(params, cfg, x, impl) if fused is not None and impl.exact else None
+    if logits is None:
+        x = rms_norm(x, params["final_norm"], eps)
+        head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+        logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
     n_new = jnp.full((B,), T, jnp.int32) if n_new is None else n_new.astype(jnp.int32)
     cache = kv_cache.KVCache(k=k_all, v=v_all, lengths=start + n_new)
     aux = {"scores": jnp.stack(all_scores)} if score_rows and all_scores else {}

@@ -123,8 +123,8 @@ def verify_greedy(draft_tokens: jax.Array, target_logits: jax.Array) -> tuple[ja
     Every accepted token is the target's argmax given the (accepted) prefix, and the next token is the argmax
     at the first mismatch, or the bonus position g when all g drafts match: the output is plain greedy
     decoding's whenever `target_logits` have the argmaxes a one-token step would compute. In exact arithmetic
-    (float32 at HIGHEST matmul precision) they do; in bf16 a (g+1)-token forward can round a near-tie the
-    other way (docs/methods.md, "Exactness").
+    (float32 at HIGHEST matmul precision) they do, and in bf16 exact mode (AttnImpl(exact=True)); in default
+    bf16 a (g+1)-token forward can round a near-tie the other way (docs/methods.md, "Lossless").
 
     Args:
       draft_tokens: int32 [B, g].

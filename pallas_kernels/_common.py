@@ -12,6 +12,7 @@ exponentials are `exp2`); every LSE that leaves a kernel is converted to the nat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -291,13 +292,80 @@ def finalize(carry):
     return acc / l_safe[:, None], lse
 
 
-def run_key_blocks(lo, mid, hi, body, o_ref, lse_ref):
+def run_key_blocks(lo, mid, hi, body, o_ref, lse_ref, n_sub: int = 0):
     """Online softmax over key blocks [lo, mid) unmasked then [mid, hi) masked (`body(masked)` is the
-    fori_loop step), then normalise and store this program's out [bm, H] and lse [bm]."""
+    fori_loop step), then normalise and store this program's out [bm, H] and lse [bm].
+
+    n_sub > 0: the carry is a tuple of n_sub carries, one per sub-block of bm / n_sub rows (exact mode's
+    fixed-size MMA tiles, `exact_block_sizes`), each normalised and stored to its own rows."""
     block_m, head_dim = o_ref.shape
-    carry = init_carry(block_m, head_dim)
+    if not n_sub:
+        carry = init_carry(block_m, head_dim)
+        carry = lax.fori_loop(lo, mid, body(False), carry)
+        carry = lax.fori_loop(mid, hi, body(True), carry)
+        o, lse = finalize(carry)
+        o_ref[...] = o.astype(o_ref.dtype)
+        lse_ref[...] = lse
+        return
+    sub = block_m // n_sub
+    carry = tuple(init_carry(sub, head_dim) for _ in range(n_sub))
     carry = lax.fori_loop(lo, mid, body(False), carry)
     carry = lax.fori_loop(mid, hi, body(True), carry)
-    o, lse = finalize(carry)
-    o_ref[...] = o.astype(o_ref.dtype)
-    lse_ref[...] = lse
+    store_sub_blocks(carry, o_ref, lse_ref)
+
+
+def store_sub_blocks(carry, o_ref, lse_ref):
+    """Normalise each sub-block carry of a tuple and store it to its rows of o_ref [bm, H], lse_ref [bm]."""
+    sub = o_ref.shape[0] // len(carry)
+    for i, c in enumerate(carry):
+        o, lse = finalize(c)
+        o_ref[pl.ds(i * sub, sub), :] = o.astype(o_ref.dtype)
+        lse_ref[pl.ds(i * sub, sub)] = lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact mode: a schedule whose rounding of a query row does not depend on the step's other rows.
+
+def exact_sub_rows(groups: int) -> int:
+    """Rows of exact mode's MMA tile: the one-token step's own tile, `row_block(G)` (16 up to G = 16)."""
+    return row_block(groups, 64)
+
+
+def _combine_kernel(o_ref, lse_ref, out_ref, lse_out_ref, *, P):
+    """o_ref [P, bm, H] f32 split partials (each normalised over its keys), lse_ref [P, bm]; the merge of
+    `combine_splits` with the sum over splits unrolled in split order, so each row's result is a fixed
+    sequence of elementwise operations whatever the launch's shape."""
+    lse = [lse_ref[p] for p in range(P)]
+    top = lse[0]
+    for x in lse[1:]:
+        top = jnp.maximum(top, x)
+    top = jnp.where(top == -jnp.inf, 0.0, top)   # every split empty: keep exp() finite
+    w = [jnp.exp(x - top) for x in lse]
+    num, den = w[0][:, None] * o_ref[0], w[0]
+    for p in range(1, P):
+        num, den = num + w[p][:, None] * o_ref[p], den + w[p]
+    safe = jnp.where(den > 0, den, 1.0)
+    out_ref[...] = (num / safe[:, None]).astype(out_ref.dtype)
+    lse_out_ref[...] = jnp.where(den > 0, top + jnp.log(safe), -jnp.inf)
+
+
+def combine_splits_exact(o: jax.Array, lse: jax.Array, *, out_dtype, interpret: bool = False, block_m: int = 16):
+    """`combine_splits` for exact mode: o [P,B,K,Mp,H], lse [P,B,K,Mp] -> out [B,K,Mp,H] out_dtype, lse
+    [B,K,Mp]. XLA's reduction over P may pick its order by the tensor's shape (so by the step's rows); this
+    Pallas launch merges every row by the same unrolled sum. P = 1 is returned as is (already final)."""
+    if o.shape[0] == 1:
+        return o[0].astype(out_dtype), lse[0]
+    P, B, K, Mp, H = o.shape
+    bm = min(block_m, Mp)
+    return pl.pallas_call(
+        functools.partial(_combine_kernel, P=P),
+        grid=(B, K, Mp // bm),
+        in_specs=[pl.BlockSpec((P, None, None, bm, H), lambda b, h, m: (0, b, h, m, 0)),
+                  pl.BlockSpec((P, None, None, bm), lambda b, h, m: (0, b, h, m))],
+        out_specs=[pl.BlockSpec((None, None, bm, H), lambda b, h, m: (b, h, m, 0)),
+                   pl.BlockSpec((None, None, bm), lambda b, h, m: (b, h, m))],
+        out_shape=[jax.ShapeDtypeStruct((B, K, Mp, H), out_dtype), jax.ShapeDtypeStruct((B, K, Mp), jnp.float32)],
+        compiler_params=BlockSizes(num_warps=4, num_stages=1).compiler_params(),
+        interpret=interpret,
+        name="combine_splits",
+    )(o.astype(jnp.float32), lse)

@@ -8,6 +8,7 @@ of HBM time, but each is a launch of its own, and the norms, RoPE, slices and re
     qkv_rope(x, norm_w, wqkv)    RMSNorm -> x @ wqkv -> RoPE on the q and k heads      [M, K*(G+2)*H]
     glu(x, norm_w, w_gu)         RMSNorm -> silu(x @ w_gate) * (x @ w_up)              [M, F]
     residual(a, w, x)            x + a @ w (f32 accumulation, rounded once)             [M, D]
+    head(x, norm_w, w)           RMSNorm -> x @ w, float32 logits (exact mode's LM head) [M, V]
 
 so a layer is 4 of these plus the attention (and the cache write) instead of ~12 launches.
 
@@ -19,12 +20,11 @@ power-of-two pieces (576 -> 512 + 64), unrolled. RMSNorm scales each piece by th
 taken over the pieces first.
 
 In whole generation loops no launch config measured beats cuBLAS + XLA's fusions (docs/performance.md), so
-the model uses them only on request (AttnImpl.dense_rows). What they offer instead: a row's result does not
-depend on how many rows the launch has (fixed tiles, block_m fixed by M's divisibility alone, fixed
-contraction order), unlike cuBLAS, whose algorithm and so rounding change with M. A one-token ar step and a
-(gamma+1)-token verification then compute the same bf16 dense outputs; where the attention tiles match too
-(verifications of <= 16 packed rows T*G: gamma <= 4 for SmolLM2, docs/methods.md "Exactness"), vegas' greedy
-output equalled ar's on every measured token.
+the model uses them only on request (AttnImpl.dense_rows, and exact mode: AttnImpl.exact). What they offer
+instead: a row's result does not depend on how many rows the launch has (fixed tiles, block_m fixed by M's
+divisibility alone, fixed contraction order), unlike cuBLAS, whose algorithm and so rounding change with M. A
+one-token ar step and a (gamma+1)-token verification then compute the same bf16 dense outputs; exact mode
+pairs them with attention kernels of the same property (docs/methods.md, "Lossless").
 
 Numerics follow jspec.model's XLA path: the GEMM result is rounded to the activation dtype before RoPE /
 SwiGLU / the residual add (as XLA's einsum output is), elementwise steps run in f32 and round per step.
@@ -41,14 +41,14 @@ from jax.experimental import pallas as pl
 
 from . import _common as C
 
-MODES = ("qkv_rope", "glu", "residual")
+MODES = ("qkv_rope", "glu", "residual", "head")
 # (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (the largest power of
 # two <= it dividing M is used). Chosen in whole generation loops (docs/performance.md, the "m16" variant):
 # 16-row programs beat 64-row ones, which hold a [64, D] activation tile each; pieces of <= 256 were the
 # fastest with 5-token verifications in the launch too.
 # qkv_rope's block_n is always one head.
 TUNED = {"qkv_rope": (16, 64, 256, 4), "glu": (16, 32, 256, 4), "residual": (16, 32, 256, 4),
-         "residual_long": (16, 32, 256, 4)}
+         "residual_long": (16, 32, 256, 4), "head": (16, 32, 256, 4)}
 # Largest contraction the unrolled pieces are used for (measured up to SmolLM2's F = 1536); longer ones keep
 # XLA's GEMMs (a model of Llama's size is bandwidth-, not launch-bound, at decode sizes).
 MAX_CONTRACTION = 2048
@@ -70,11 +70,12 @@ def _chunks(size: int, cap: int) -> list[tuple[int, int]]:
 
 
 def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, mode, eps, chunks, block_n,
-                  ncols, groups, norm):
+                  ncols, groups, norm, w_transposed=False):
     """x_ref [bm, Kd]; nw_ref [L, Kd] norm weights (a placeholder without norm); w_ref [L, Kd, Nc]; aux_ref: the
     residual block [bm, bn] (residual), row positions [bm] (qkv_rope) or unused; inv_ref [H/2] RoPE inverse
     frequencies (qkv_rope); o_ref [bm, bn]. The contraction is unrolled over static `chunks` (all loads can be
-    in flight at once: at decode sizes a program is latency-bound, not bandwidth-bound)."""
+    in flight at once: at decode sizes a program is latency-bound, not bandwidth-bound). w_transposed: w_ref is
+    [L, Nc, Kd] (head: a tied embedding table)."""
     bm, kd = x_ref.shape
     layer = layer_ref[()]
     n = pl.program_id(1)
@@ -95,10 +96,16 @@ def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, m
     else:
         half = block_n
         cols = (n * block_n,)
-    accs = [sum(jnp.dot(xc, w_ref[layer, pl.ds(c0, cn), pl.ds(pl.multiple_of(col, half), half)],
-                        preferred_element_type=jnp.float32) for xc, (c0, cn) in zip(xs, chunks))
-            for col in cols]
-    if mode == "qkv_rope":
+    if w_transposed:
+        accs = [sum(C.dot_nt(xc, w_ref[layer, pl.ds(pl.multiple_of(col, half), half), pl.ds(c0, cn)])
+                    for xc, (c0, cn) in zip(xs, chunks)) for col in cols]
+    else:
+        accs = [sum(jnp.dot(xc, w_ref[layer, pl.ds(c0, cn), pl.ds(pl.multiple_of(col, half), half)],
+                            preferred_element_type=jnp.float32) for xc, (c0, cn) in zip(xs, chunks))
+                for col in cols]
+    if mode == "head":
+        o_ref[...] = accs[0]
+    elif mode == "qkv_rope":
         a1, a2 = (_r(acc, dt) for acc in accs)
         ang = aux_ref[...].astype(jnp.float32)[:, None] * inv_ref[...][None, :]
         cos, sin = jnp.cos(ang), jnp.sin(ang)
@@ -123,13 +130,15 @@ def _block(size: int, cap: int) -> int:
     return 0
 
 
-def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
+def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None, w_transposed=False):
     """Validates a launch; NotImplementedError for shapes the kernel does not tile (callers fall back)."""
     if mode not in MODES:
         raise ValueError(f"{mode=} must be one of {MODES}")
     if x.ndim != 2 or w.ndim != 3:
         raise ValueError(f"expected x [M, Kd] and stacked w [L, Kd, Nc], got {x.shape=} {w.shape=}")
-    if x.shape[1] != w.shape[1]:
+    if w_transposed and mode != "head":
+        raise ValueError(f"w_transposed applies to mode='head' only, got {mode=}")
+    if x.shape[1] != w.shape[2 if w_transposed else 1]:
         raise ValueError(f"contraction mismatch: {x.shape=} {w.shape=}")
     C.check_layer(w, layer)
     M, kd = x.shape
@@ -142,8 +151,8 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None):
     elif mode == "glu":
         if w.shape[2] % 2 or not _block(w.shape[2] // 2, 32):
             raise NotImplementedError(f"gate/up columns {w.shape[2]} must be 2 x a multiple of 16")
-    elif not _block(w.shape[2], 32):
-        raise NotImplementedError(f"columns {w.shape[2]} must be a multiple of 16")
+    elif not _block(w.shape[1 if w_transposed else 2], 32):
+        raise NotImplementedError(f"columns {w.shape[1 if w_transposed else 2]} must be a multiple of 16")
     if x.dtype not in C.SUPPORTED_DTYPES or w.dtype != x.dtype:
         raise NotImplementedError(f"x / w dtypes {x.dtype} / {w.dtype} must match and be bf16, f16 or f32")
 
@@ -155,29 +164,30 @@ def dense_kernel(x, w, layer, **kwargs):
 
 
 @functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "block_m", "block_n", "max_chunk", "num_warps",
-                                             "num_stages", "interpret"))
+                                             "num_stages", "interpret", "w_transposed"))
 def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
                 groups=None, block_m=None, block_n=None, max_chunk=None, num_warps=None, num_stages=1,
-                interpret=False):
+                interpret=False, w_transposed=False):
     """The jitted launch of `dense_kernel`.
 
     Args:
       x: [M, Kd] activations (the residual stream for qkv_rope / glu; attention output or SwiGLU for residual).
       w: [L, Kd, Nc] stacked weights (qkv_rope: the fused [L, D, K*(G+2)*H]; glu: [L, D, 2F], gate then up;
-        residual: [L, Kd, D]); layer: int or traced int32 scalar.
-      norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu); eps: its epsilon.
+        residual: [L, Kd, D]; head: [1, D, V], or the tied embedding [1, V, D] with w_transposed); layer: int
+        or traced int32 scalar.
+      norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu, head); eps: its epsilon.
       aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.
       inv_freq: f32[H/2] RoPE inverse frequencies (qkv_rope); head_dim, groups: H and G (qkv_rope).
       block_m: rows per program (at most); block_n: output columns per program (qkv_rope: always one head);
         max_chunk: longest contraction piece;
         num_warps, num_stages: Triton launch parameters. None: TUNED.
     Returns:
-      [M, Nc] (qkv_rope, residual) or [M, Nc / 2] (glu), x.dtype.
+      [M, Nc] (qkv_rope, residual) or [M, Nc / 2] (glu), x.dtype; [M, Nc] float32 (head).
     """
-    check_shapes(mode, x, w, layer, head_dim=head_dim, groups=groups)
+    check_shapes(mode, x, w, layer, head_dim=head_dim, groups=groups, w_transposed=w_transposed)
     C.check_platform(interpret)
     M, kd = x.shape
-    L, _, nc = w.shape
+    L, nc = w.shape[0], w.shape[1 if w_transposed else 2]
     tuned = TUNED["residual_long" if mode == "residual" and kd > 1024 else mode]
     block_m, block_n, max_chunk, num_warps = (
         tuned[j] if v is None else v for j, v in enumerate((block_m, block_n, max_chunk, num_warps)))
@@ -214,7 +224,7 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
     else:
         inv, inv_spec = unused((16,), jnp.float32)
     kernel = functools.partial(_dense_kernel, mode=mode, eps=float(eps), chunks=tuple(_chunks(kd, max_chunk)), block_n=block_n,
-                               ncols=ncols, groups=groups, norm=norm)
+                               ncols=ncols, groups=groups, norm=norm, w_transposed=w_transposed)
     return pl.pallas_call(
         kernel,
         grid=(M // block_m, ncols // block_n),
@@ -222,12 +232,12 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
             C.LAYER_SPEC,
             pl.BlockSpec((block_m, kd), lambda m, n: (m, 0)),
             nw_spec,
-            pl.BlockSpec((L, kd, nc), lambda m, n: (0, 0, 0)),
+            pl.BlockSpec(w.shape, lambda m, n: (0, 0, 0)),
             aux_spec,
             inv_spec,
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda m, n: (m, n)),
-        out_shape=jax.ShapeDtypeStruct((M, ncols), x.dtype),
+        out_shape=jax.ShapeDtypeStruct((M, ncols), jnp.float32 if mode == "head" else x.dtype),
         compiler_params=C.BlockSizes(num_warps=num_warps, num_stages=num_stages).compiler_params(),
         interpret=interpret,
         name=f"dense_{mode}",
@@ -235,14 +245,17 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
 
 
 def dense_reference(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
-                    groups=None, **_):
+                    groups=None, w_transposed=False, **_):
     """The same step in float32 jnp (HIGHEST precision, no intermediate rounding): the kernels' ground truth."""
     f32 = jnp.float32
     wl = w[layer].astype(f32)
+    wl = wl.T if w_transposed else wl
     h = x.astype(f32)
     if mode != "residual":
         h = h * lax.rsqrt(jnp.mean(h * h, axis=1, keepdims=True) + eps) * norm_w[layer].astype(f32)[None]
     y = jnp.dot(h, wl, precision=lax.Precision.HIGHEST)
+    if mode == "head":
+        return y
     if mode == "residual":
         return (aux.astype(f32) + y).astype(x.dtype)
     if mode == "glu":

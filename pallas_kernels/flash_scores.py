@@ -23,6 +23,7 @@ bytes written and read per (KV head, position), R distinct score rows, against 4
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -69,9 +70,28 @@ def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) ->
                         num_warps=4, num_stages=2)
 
 
+def exact_block_sizes(rows: int, groups: int, head_dim: int, dtype,
+                      base: C.BlockSizes | None = None) -> tuple[C.BlockSizes, int]:
+    """Exact mode's schedule for a step of `rows` packed rows: (block sizes, sub-block rows).
+
+    Everything that decides how a row is rounded is the one-token step's and depends on G, H and the dtype
+    only: the key tile, warps, stages and split count of `base` (default the T=1 `default_block_sizes(G)`),
+    the MMA tile of `C.exact_sub_rows(G)` rows and (in `flash_partials`) the split-K plan. A longer step only
+    gets more sub-blocks, up to base.block_m rows per program (64 by default: one K/V read for all of them),
+    then more programs.
+    """
+    base = base or default_block_sizes(groups, head_dim, dtype)
+    sub = C.exact_sub_rows(groups)
+    block_m = max(sub, min(base.block_m, C.next_pow2(rows)))
+    return dataclasses.replace(base, block_m=block_m), sub
+
+
 def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_scale, causal, block_k, per_split,
-                  score_mode, score_end_row, n_sel, multi_row_blocks):
+                  score_mode, score_end_row, n_sel, multi_row_blocks, n_sub=0):
     """One program: a block of packed query rows of one KV head against one split of the keys.
+
+    n_sub > 0 (exact mode): the rows are n_sub sub-blocks of bm / n_sub rows, each its own MMA tile and
+    online softmax against the same K/V tile load (`_common.exact_sub_rows`).
 
     layer_ref, kv_len_ref: [] int32; q_ref: [bm, H]; k_ref, v_ref: [L, S, H] (this batch and KV head, every
     layer; the kernel reads layer `layer_ref` in place).
@@ -105,7 +125,7 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
     lo = split * per_split
     hi = jnp.minimum(lo + per_split, pl.cdiv(end, block_k))
     mid = jnp.clip(full_end // block_k, lo, hi)  # blocks [lo, mid) need no mask at all
-    q = q_ref[...]
+    q = None if n_sub else q_ref[...]
     scale2 = sm_scale * C.LOG2E
 
     def scores(start, pos, k, masked):
@@ -137,25 +157,38 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
             else:
                 k = k_ref[layer, pl.ds(start, block_k), :]
                 v = v_ref[layer, pl.ds(start, block_k), :]
-            s = C.dot_nt(q, k) * scale2
-            if masked:
-                s = jnp.where(pos[None, :] < row_end[:, None], s, -jnp.inf)
             if score_mode:
                 if multi_row_blocks:
                     pl.when(is_score_prog)(lambda: scores(start, pos, k, masked))
                 else:
                     scores(start, pos, k, masked)
+            if n_sub:   # exact mode: each sub-block is the tile a one-token step computes
+                return tuple(
+                    C.softmax_step(c, jnp.where(pos[None, :] < re[:, None], C.dot_nt(qi, k) * scale2, -jnp.inf)
+                                   if masked else C.dot_nt(qi, k) * scale2, v)
+                    for c, qi, re in zip(carry, q_sub, end_sub))
+            s = C.dot_nt(q, k) * scale2
+            if masked:
+                s = jnp.where(pos[None, :] < row_end[:, None], s, -jnp.inf)
             return C.softmax_step(carry, s, v)
 
         return step
 
-    C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref)
+    if n_sub:
+        sub = block_m // n_sub
+        q_sub = [q_ref[pl.ds(i * sub, sub), :] for i in range(n_sub)]
+        t_sub = [(m_blk * block_m + i * sub + jnp.arange(sub)) // G for i in range(n_sub)]
+        end_sub = [jnp.minimum(kv_len - T + ts + 1, kv_len) if causal else jnp.full((sub,), kv_len) for ts in t_sub]
+    C.run_key_blocks(lo, mid, hi, body, o_ref, lse_ref, n_sub)
 
 
 def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, interpret, out_dtype, layer=None,
-                   qsel=None, sel_t=None, sel_w=None, score_mode=None, score_end_row=0, n_sel=0):
+                   qsel=None, sel_t=None, sel_w=None, score_mode=None, score_end_row=0, n_sel=0, sub=0):
     """Launches the kernel on packed queries qp [B,K,Mp,H] (Mp a multiple of block_m) against k, v
     [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a `layer` index, traced or not).
+
+    sub > 0 (exact mode, `exact_block_sizes`): MMA tiles of `sub` rows, and the split-K plan of a launch
+    with one row block (the one-token step's), whatever the number of row blocks.
 
     Returns o [P,B,K,Mp,H] (out_dtype, each split normalised over its own keys), lse [P,B,K,Mp] and,
     with score_mode, the raw score-row logits [B,K,Rp,S] ("weights"; `logit_dtype(qp.dtype)`) or their row
@@ -169,13 +202,14 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     if block_k < 16:
         raise NotImplementedError(f"{S=} must be >= 16")
     n_m = Mp // block_m
-    splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K * n_m, bs.num_splits,
+    splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K * (1 if sub else n_m), bs.num_splits,
                                      resident=C.resident_programs(bs, block_k, H, k.dtype))
     if splits > 1:
         out_dtype = jnp.float32  # partials are combined in f32
     kernel = functools.partial(
         _flash_kernel, T=T, G=G, sm_scale=sm_scale, causal=causal, block_k=block_k, per_split=per_split,
-        score_mode=score_mode, score_end_row=score_end_row, n_sel=n_sel, multi_row_blocks=n_m > 1)
+        score_mode=score_mode, score_end_row=score_end_row, n_sel=n_sel, multi_row_blocks=n_m > 1,
+        n_sub=block_m // sub if sub else 0)
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
     in_specs = [
@@ -278,9 +312,10 @@ def score_weights(sc, lse, kv_len, sel, sel_t, sel_w, *, T, interpret=False, blo
       sel_w.astype(jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret"))
+@functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret",
+                                             "exact"))
 def flash_scores_kernel(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_scale=None,
-                        block_sizes=None, interpret=False, layer=None):
+                        block_sizes=None, interpret=False, layer=None, exact=False):
     """Pallas implementation of `flash_scores` (same arguments); raises NotImplementedError if unsupported."""
     K, G = C.check_attention_shapes(q, k, v, layer)
     C.check_platform(interpret)
@@ -292,11 +327,16 @@ def flash_scores_kernel(q, k, v, kv_len, *, score_rows=(), score_mode="weights",
     if any(not -T <= r < T for r in score_rows):
         raise ValueError(f"{score_rows=} must index the {T=} query rows")
     sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
-    bs = block_sizes or default_block_sizes(T * G, H, q.dtype)
-    block_m = C.row_block(T * G, bs.block_m)
+    sub = 0
+    if exact:
+        bs, sub = exact_block_sizes(T * G, G, H, q.dtype, block_sizes)
+        block_m = bs.block_m
+    else:
+        bs = block_sizes or default_block_sizes(T * G, H, q.dtype)
+        block_m = C.row_block(T * G, bs.block_m)
     qp = C.pack_queries(q, K, block_m)
     kw = dict(T=T, G=G, causal=True, sm_scale=sm_scale, block_sizes=bs, interpret=interpret, out_dtype=q.dtype,
-              layer=layer)
+              layer=layer, sub=sub)
     if rows:
         # Distinct score rows packed like the queries: entry i = (row uniq[i // G], head g = i % G); a
         # row listed twice (e.g. (0, T-1) at T=1) is stored once and weighted by its multiplicity.
@@ -312,7 +352,10 @@ def flash_scores_kernel(q, k, v, kv_len, *, score_rows=(), score_mode="weights",
                                     score_end_row=max(rows) + 1, n_sel=n_sel, **kw)
     else:
         o, lse = flash_partials(qp, k, v, kv_len, **kw)
-    o, lse = C.combine_splits(o, lse)  # [B,K,Mp,H] f32, [B,K,Mp]
+    if exact:   # [B,K,Mp,H] q.dtype, [B,K,Mp]
+        o, lse = C.combine_splits_exact(o, lse, out_dtype=q.dtype, interpret=interpret)
+    else:
+        o, lse = C.combine_splits(o, lse)  # [B,K,Mp,H] f32, [B,K,Mp]
     scores = None
     if rows:
         j = jnp.arange(S)
@@ -326,7 +369,7 @@ def flash_scores_kernel(q, k, v, kv_len, *, score_rows=(), score_mode="weights",
 
 
 def flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_scale=None, block_sizes=None,
-                 interpret=False, layer=None, implementation=None):
+                 interpret=False, layer=None, exact=False, implementation=None):
     """Causal attention of T new tokens over a KV cache, plus per-position scores for chosen rows.
 
     Args:
@@ -342,6 +385,9 @@ def flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_sca
       block_sizes: `BlockSizes` override; interpret: run the Pallas kernel in interpret mode.
       layer: layer index into a stacked cache (an int or a traced int32 scalar: a runtime operand of the
         kernel, so every layer shares one compiled kernel), or None when k, v are one layer.
+      exact: exact mode (`exact_block_sizes`): each output row is rounded exactly as in a one-token step
+        at its position (same key tiles, MMA tile, split-K plan and merge), whatever T is. `block_sizes`
+        then gives the one-token schedule (its block_m: the most rows per program).
       implementation: "pallas", "xla" (reference) or None (pallas, falling back to xla if unsupported).
     Returns:
       out [B,T,N,H] q.dtype; lse [B,N,T] f32 (natural log); scores [B,S] f32 summed over the N query
@@ -349,4 +395,4 @@ def flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_sca
     """
     return C.dispatch(implementation, flash_scores_kernel, flash_scores_reference, q, k, v, kv_len,
                       score_rows=tuple(score_rows), score_mode=score_mode, sm_scale=sm_scale,
-                      block_sizes=block_sizes, interpret=interpret, layer=layer)
+                      block_sizes=block_sizes, interpret=interpret, layer=layer, exact=exact)

@@ -69,9 +69,9 @@ def causal_mask(kv_len, T: int, S: int):
 
 @functools.partial(jax.jit, static_argnames=("score_rows", "score_mode", "sm_scale", "block_sizes", "interpret"))
 def flash_scores_reference(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_scale=None,
-                           block_sizes=None, interpret=False, layer=None):
-    """Reference for `flash_scores` (block_sizes and interpret are accepted and ignored)."""
-    del block_sizes, interpret
+                           block_sizes=None, interpret=False, layer=None, exact=False):
+    """Reference for `flash_scores` (block_sizes, interpret and exact are accepted and ignored)."""
+    del block_sizes, interpret, exact
     k, v = _one_layer(k, v, layer)
     B, T, _, _ = q.shape
     S = k.shape[1]
@@ -133,9 +133,10 @@ def tree_full_mask(prefix_len, tree_mask, S: int):
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret"))
 def tree_attention_reference(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None,
-                             interpret=False, layer=None):
-    """Reference for `tree_attention`: dense attention over the whole cache with the full mask."""
-    del block_sizes, interpret
+                             interpret=False, layer=None, exact=False):
+    """Reference for `tree_attention`: dense attention over the whole cache with the full mask (block_sizes,
+    interpret and exact are accepted and ignored)."""
+    del block_sizes, interpret, exact
     k, v = _one_layer(k, v, layer)
     mask = tree_full_mask(prefix_len, tree_mask, k.shape[1])
     return masked_attention_reference(q, k, v, mask, sm_scale=sm_scale)

@@ -27,6 +27,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from . import _common as C
 from .flash_scores import default_block_sizes as flash_block_sizes
+from .flash_scores import exact_block_sizes as flash_exact_block_sizes
 from .flash_scores import flash_partials
 from .reference import tree_attention_reference
 
@@ -97,9 +98,133 @@ def _tree_part(qp, k, v, prefix_len, tree_mask, *, n, G, sm_scale, block_m, bloc
     )(layer, prefix_len, tree_mask.astype(jnp.int8), qp, k, v)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret"))
+# ----------------------------------------------------------------------------------------------
+# Exact mode: each node rounded as the one-token step at its position rounds (docs/kernels.md).
+
+# Packed rows per program of the exact tree kernel: a 69-node tree at G=3 reads the prefix twice.
+EXACT_TREE_ROWS = 128
+
+
+def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_ref, q_ref, k_ref, v_ref, o_ref,
+                       lse_ref, *, G, n, npb, n_sub, sm_scale, block_k, per_split):
+    """One program: n_sub sub-blocks of packed rows (npb nodes of G rows each, then padding) of one KV head
+    against one split of the keys, walked as a one-token flash step walks them.
+
+    layer_ref, prefix_len_ref (the root's slot), tail_end_ref (prefix_len + the deepest node's depth + 1):
+    [] int32; depth_ref [nP] int32 each packed node's depth (-1: padding); anc_ref [nP, n] int32, anc[u, d]
+    = the tree slot of node u's ancestor at depth d; q_ref [bm, H]; k_ref, v_ref [L, S, H];
+    outputs o_ref [bm, H], lse_ref [bm] of this split.
+
+    Node u (depth d) sits at position p = prefix_len + d, and a one-token step there sees slots 0 .. p with
+    key j in column j % block_k of tile j // block_k. Tiles below the root's tile hold prefix keys only,
+    which every node sees: they are loaded once and run for every sub-block, as in the flash kernel. From
+    the root's tile on, node u's keys are its own: column j holds slot j below the root and, from the root
+    on, the K/V of u's ancestor at depth j - prefix_len (gathered), so every node sees its keys in the
+    columns, tiles and order of its one-token step; the other rows of the sub-block are masked out of that
+    update, which leaves their running max, sum and output bitwise unchanged.
+    """
+    block_m, head_dim = q_ref.shape
+    sub = block_m // n_sub
+    layer, base, tail_end = layer_ref[()], prefix_len_ref[()], tail_end_ref[()]
+    m_blk, split = pl.program_id(2), pl.program_id(3)
+    scale2 = sm_scale * C.LOG2E
+    lo = split * per_split
+    root_tile = base // block_k
+    pre_hi = jnp.minimum(lo + per_split, root_tile)
+    tail_lo, tail_hi = jnp.maximum(lo, root_tile), jnp.minimum(lo + per_split, pl.cdiv(tail_end, block_k))
+    q_sub = [q_ref[pl.ds(i * sub, sub), :] for i in range(n_sub)]
+    node_of_row = jnp.where(jnp.arange(sub) < npb * G, jnp.arange(sub) // G, -1)   # node within the sub-block
+
+    def prefix_step(i, carry):
+        start = pl.multiple_of(i * block_k, block_k)
+        k = k_ref[layer, pl.ds(start, block_k), :]
+        v = v_ref[layer, pl.ds(start, block_k), :]
+        return tuple(C.softmax_step(c, C.dot_nt(qi, k) * scale2, v) for c, qi in zip(carry, q_sub))
+
+    def tail_step(i, carry):
+        pos = i * block_k + jnp.arange(block_k)
+        rel = pos - base                                                   # depth of a path column
+        carry = list(carry)
+        for sb in range(n_sub):
+            def node_step(j, c, sb=sb):
+                u = (m_blk * n_sub + sb) * npb + j
+                seen = (rel < 0) | (rel <= depth_ref[u])
+                slot = jnp.where(rel < 0, pos, base + anc_ref[u, jnp.clip(rel, 0, n - 1)])
+                slot = jnp.where(seen, slot, base)                          # hidden: the root (finite)
+                k = k_ref[layer, slot, :]
+                v = v_ref[layer, slot, :]
+                s = C.dot_nt(q_sub[sb], k) * scale2
+                s = jnp.where((node_of_row == j)[:, None] & seen[None, :], s, -jnp.inf)
+                return C.softmax_step(c, s, v)
+            carry[sb] = lax.fori_loop(0, npb, node_step, carry[sb])
+        return tuple(carry)
+
+    carry = tuple(C.init_carry(sub, head_dim) for _ in range(n_sub))
+    carry = lax.fori_loop(lo, pre_hi, prefix_step, carry)
+    carry = lax.fori_loop(tail_lo, tail_hi, tail_step, carry)
+    C.store_sub_blocks(carry, o_ref, lse_ref)
+
+
+def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, interpret, layer):
+    """Exact-mode tree attention: the packing, the kernel launch and the split merge of a one-token step."""
+    B, n, N, H = q.shape
+    S = C.layer_shape(k, layer)[1]
+    bs, sub = flash_exact_block_sizes(G, G, H, q.dtype, block_sizes)   # the one-token step's schedule
+    block_k = min(bs.block_k, C.prev_pow2(S))
+    npb = max(1, sub // G)                       # whole nodes per sub-block (G > sub: one node, several)
+    if G > sub:
+        raise NotImplementedError(f"exact tree attention needs G={G} <= {sub} rows per sub-block")
+    subs = C.cdiv(n, npb)
+    n_sub = min(C.next_pow2(subs), max(1, EXACT_TREE_ROWS // sub))
+    n_m = C.cdiv(subs, n_sub)
+    nP = n_m * n_sub * npb                        # packed node slots
+    block_m = n_sub * sub
+    # Ancestors by depth from the ancestor-or-self mask: node j's depth is its row's count minus one, and a
+    # node's ancestors have distinct depths, so sorting its row's ancestors by depth lists its path.
+    depth = tree_mask.sum(axis=-1).astype(jnp.int32) - 1                                   # [B, n]
+    key = jnp.where(tree_mask, depth[:, None, :], n)                                       # non-ancestors last
+    anc = jnp.argsort(key, axis=-1, stable=True).astype(jnp.int32)                         # [B, n, n]
+    anc = jnp.pad(anc, ((0, 0), (0, nP - n), (0, 0)))
+    depth_p = jnp.pad(depth, ((0, 0), (0, nP - n)), constant_values=-1)
+    tail_end = prefix_len + depth.max(axis=1) + 1
+    # Pack: node u, head g -> row (u % npb) * G + g of sub-block u // npb.
+    qp = q.reshape(B, n, K, G, H).transpose(0, 2, 1, 3, 4)
+    qp = jnp.pad(qp, ((0, 0), (0, 0), (0, nP - n), (0, 0), (0, 0))).reshape(B, K, nP // npb, npb * G, H)
+    qp = jnp.pad(qp, ((0, 0), (0, 0), (0, 0), (0, sub - npb * G), (0, 0))).reshape(B, K, n_m * block_m, H)
+    splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K, bs.num_splits,
+                                     resident=C.resident_programs(bs, block_k, H, k.dtype))
+    out_dtype = jnp.float32 if splits > 1 else q.dtype
+    kernel = functools.partial(_exact_tree_kernel, G=G, n=n, npb=npb, n_sub=n_sub, sm_scale=sm_scale,
+                               block_k=block_k, per_split=per_split)
+    k, v, layer = C.as_stacked(k, v, layer)
+    kv_spec = C.kv_block_spec(k)
+    scalar = pl.BlockSpec((None,), lambda b, h, m, s: (b,))
+    o, lse = pl.pallas_call(
+        kernel,
+        grid=(B, K, n_m, splits),
+        in_specs=[C.LAYER_SPEC, scalar, scalar,
+                  pl.BlockSpec((None, nP), lambda b, h, m, s: (b, 0)),
+                  pl.BlockSpec((None, nP, n), lambda b, h, m, s: (b, 0, 0)),
+                  pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
+                  kv_spec, kv_spec],
+        out_specs=[pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
+                   pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m))],
+        out_shape=[jax.ShapeDtypeStruct((splits, B, K, n_m * block_m, H), out_dtype),
+                   jax.ShapeDtypeStruct((splits, B, K, n_m * block_m), jnp.float32)],
+        compiler_params=bs.compiler_params(),
+        interpret=interpret,
+        name="tree_attention_exact",
+    )(layer, prefix_len, tail_end.astype(jnp.int32), depth_p, anc, qp, k, v)
+    o, lse = C.combine_splits_exact(o, lse, out_dtype=q.dtype, interpret=interpret)
+    # Unpack: [B, K, nP/npb, sub, ...] -> the first npb*G rows of each sub-block -> [B, n, N, H], [B, N, n].
+    o = o.reshape(B, K, nP // npb, sub, H)[:, :, :, :npb * G].reshape(B, K, nP, G, H)[:, :, :n]
+    lse = lse.reshape(B, K, nP // npb, sub)[:, :, :, :npb * G].reshape(B, K, nP, G)[:, :, :n]
+    return o.transpose(0, 2, 1, 3, 4).reshape(B, n, N, H), lse.transpose(0, 1, 3, 2).reshape(B, N, n)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "exact"))
 def tree_attention_kernel(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None, interpret=False,
-                          layer=None):
+                          layer=None, exact=False):
     """Pallas implementation of `tree_attention` (same arguments)."""
     K, G = C.check_attention_shapes(q, k, v, layer)
     C.check_platform(interpret)
@@ -110,10 +235,13 @@ def tree_attention_kernel(q, k, v, prefix_len, tree_mask, *, sm_scale=None, bloc
     if S < 16:
         raise NotImplementedError(f"{S=} must be >= 16")
     sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
+    prefix_len = prefix_len.astype(jnp.int32)
+    if exact:
+        return _exact_tree(q, k, v, prefix_len, tree_mask, K=K, G=G, sm_scale=sm_scale, block_sizes=block_sizes,
+                           interpret=interpret, layer=layer)
     bs = block_sizes or default_block_sizes(n * G, H, q.dtype)
     block_m = C.row_block(n * G, bs.block_m)
     qp = C.pack_queries(q, K, block_m)
-    prefix_len = prefix_len.astype(jnp.int32)
 
     # Prefix: the flash kernel, non-causal, with kv_len := prefix_len (so tree slots are never read).
     o_p, lse_p = flash_partials(qp, k, v, prefix_len, T=n, G=G, causal=False, sm_scale=sm_scale,
@@ -127,7 +255,7 @@ def tree_attention_kernel(q, k, v, prefix_len, tree_mask, *, sm_scale=None, bloc
 
 
 def tree_attention(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None, interpret=False,
-                   layer=None, implementation=None):
+                   layer=None, exact=False, implementation=None):
     """Attention of n tree-draft tokens over a shared prefix plus their tree (ancestor) mask.
 
     Args:
@@ -137,8 +265,13 @@ def tree_attention(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes
       prefix_len: int32[B] number of committed prefix positions.
       tree_mask: bool[B,n,n], tree_mask[b,i,j] iff node j is node i or one of its ancestors.
       sm_scale, block_sizes, interpret, layer, implementation: as in `flash_scores`.
+      exact: exact mode: node t at depth d is rounded exactly as `flash_scores(exact=True)` rounds a
+        one-token step at position prefix_len + d whose cache holds t's ancestors at slots prefix_len ..
+        prefix_len + d (the slots compaction moves an accepted path to). Needs tree_mask to be an
+        ancestor-or-self mask whose nodes sit at depth = (ancestors - 1), as model.Tree lays them out.
     Returns:
       out [B,n,N,H] q.dtype, lse [B,N,n] f32 (natural log).
     """
     return C.dispatch(implementation, tree_attention_kernel, tree_attention_reference, q, k, v, prefix_len,
-                      tree_mask, sm_scale=sm_scale, block_sizes=block_sizes, interpret=interpret, layer=layer)
+                      tree_mask, sm_scale=sm_scale, block_sizes=block_sizes, interpret=interpret, layer=layer,
+                      exact=exact)

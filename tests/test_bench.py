@@ -166,3 +166,45 @@ def test_bench_check_lossless_on_the_real_model(smollm2_ckpt, tmp_path, capsys):
         assert k in doc["provenance"]
     assert doc["provenance"]["matmul_precision"] == "highest"
     assert (tmp_path / "b.png").stat().st_size > 0 and "every row identical to ar" in printed
+
+
+def test_exact_flags_are_checked_before_any_work(capsys):
+    for argv, msg in [(["--exact-cost"], "give --exact too"), (["--exact", "--check-lossless"], "one of them")]:
+        assert bench.main(argv) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_exact_summary_on_a_tiny_model():
+    """`--exact` end to end on a tiny bf16 model (Pallas kernels in interpret mode): every method, ar included,
+    runs in exact mode, each method's rows equal ar's, and with the cost run the summary gives each method's
+    (default - exact) / default tokens/s and their maximum."""
+    import jax
+
+    import jspec
+    from conftest import CharTokenizer
+    from jspec import model
+    from jspec.attention import AttnImpl
+    from jspec.config import ModelConfig
+    cfg = ModelConfig(arch="llama", vocab_size=96, d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=64,
+                      ffn_dim=96, rope_theta=10000.0, dtype="bfloat16", max_position=512, eos_token_ids=())
+    params = model.fuse_projections(model.init_params(cfg, jax.random.key(4), scale=0.3), cfg)
+    m = jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="tiny")
+    exact = AttnImpl(backend="pallas", interpret=True, exact=True)
+    assert model.exact_supported(params, cfg, exact)
+    methods = bench.split_methods("vegas+lookup2:gamma=6,budget=16,min_tokens=8")
+    records = bench.bench(m, methods=methods, lengths=[40], batches=[2], workload="continue", new=6, reps=1,
+                          ignore_eos=True, impl=exact, cost_impl=AttnImpl(backend="pallas", interpret=True),
+                          log=lambda *_: None)
+    assert [r["method"] for r in records] == ["ar", "vegas+lookup2:gamma=6,budget=16,min_tokens=8"]
+    for r in records:
+        d = r["default_tokens_per_s"]   # rounded to 0.1 tok/s in the record, the fraction from the raw figures
+        assert r["exact"] and d > 0 and abs(r["exact_cost_frac"] - (d - r["tokens_per_s"]) / d) < 1e-3
+    s = bench.exact_summary(records)
+    assert s["exact_rows_identical_frac_min"] == 1.0 and s["exact_methods"] == [records[1]["method"]]
+    assert s["exact_cost_frac_max"] == max(r["exact_cost_frac"] for r in records)
+    assert set(s["exact_cost_frac"]) == {"ar", records[1]["method"]}
+    # The summary's minimum is over methods and shapes, ar excluded; no cost run: no cost figures.
+    fake = [dict(method="ar", rows_identical_to_ar=1.0), dict(method="a", rows_identical_to_ar=0.5),
+            dict(method="a", rows_identical_to_ar=1.0), dict(method="b", rows_identical_to_ar=0.75)]
+    assert bench.exact_summary(fake) == {"exact_rows_identical_frac_min": 0.5, "exact_methods": ["a", "b"],
+                                         "exact_cost_frac_max": None, "exact_cost_frac": {}}

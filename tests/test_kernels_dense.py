@@ -28,6 +28,10 @@ def _case(mode, M, dtype, seed):
         return x, w, dict(norm_w=nw, aux=pos, inv_freq=INV, head_dim=H, groups=G)
     if mode == "glu":
         return _rnd(seed + 1, (M, D), dtype), _rnd(seed + 2, (L, D, 2 * F), dtype, 0.1), dict(norm_w=nw)
+    if mode == "head":   # one layer; odd seeds read a tied [1, V, D] embedding transposed
+        V, t = 80, seed % 2 == 1
+        w = _rnd(seed + 2, (1, V, D) if t else (1, D, V), dtype, 0.1)
+        return _rnd(seed + 1, (M, D), dtype), w, dict(norm_w=nw[:1], w_transposed=t)
     a, w = _rnd(seed + 1, (M, F), dtype), _rnd(seed + 2, (L, F, D), dtype, 0.1)
     return a, w, dict(aux=_rnd(seed + 3, (M, D), dtype))
 
@@ -36,12 +40,12 @@ def _case(mode, M, dtype, seed):
 @pytest.mark.parametrize("mode", Dn.MODES)
 def test_dense_matches_reference(mode, dtype):
     """Each mode at two row counts (one and several row blocks), both layers, a traced layer index."""
-    for M, seed in ((16, 0), (80, 10)):
+    for M, seed in ((16, 0), (80, 11)):
         x, w, kw = _case(mode, M, dtype, seed)
-        for layer in (0, jnp.int32(1)):
+        for layer in (0, jnp.int32(1)) if mode != "head" else (0,):
             got = Dn.dense_kernel(x, w, layer, mode=mode, interpret=INTERPRET, **kw)
             want = Dn.dense_reference(x, w, layer, mode=mode, **kw)
-            assert got.shape == want.shape and got.dtype == x.dtype
+            assert got.shape == want.shape and got.dtype == (jnp.float32 if mode == "head" else x.dtype)
             np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                        err_msg=f"{mode} M={M} layer={layer}", **TOL[dtype])
 
@@ -125,14 +129,17 @@ def test_lowers_to_triton_at_smollm2_shapes(M):
         "qkv_rope": (sd((M, 576), bf), sd((30, 576, 960), bf), sd((30, 576), bf), sd((M,), jnp.int32)),
         "glu": (sd((M, 576), bf), sd((30, 576, 3072), bf), sd((30, 576), bf), None),
         "residual": (sd((M, 1536), bf), sd((30, 1536, 576), bf), None, sd((M, 576), bf)),
+        "head": (sd((M, 576), bf), sd((1, 49152, 576), bf), sd((1, 576), bf), None),   # tied embedding
     }
     for mode, (x, w, nw, aux) in cases.items():
         kw = dict(inv_freq=inv, head_dim=64, groups=3) if mode == "qkv_rope" else {}
+        kw = dict(w_transposed=True) if mode == "head" else kw
         args = [a for a in (x, w, nw, aux) if a is not None]
 
         def fn(*a, mode=mode, kw=kw, has_nw=nw is not None, has_aux=aux is not None):
             it = iter(a[2:])
-            return Dn.dense_kernel(a[0], a[1], 7, mode=mode, norm_w=next(it) if has_nw else None,
+            return Dn.dense_kernel(a[0], a[1], 0 if mode == "head" else 7, mode=mode,
+                                   norm_w=next(it) if has_nw else None,
                                    aux=next(it) if has_aux else None, **kw)
         hlo = lower_for_cuda(fn, *args)
         assert triton_calls(hlo, f"dense_{mode}") == 1, mode

@@ -342,11 +342,11 @@ def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
     assert cli.main(argv[:-1] + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8"]) == 0
     lo, hi = min(res["stats"]["tau_per_sequence"]), max(res["stats"]["tau_per_sequence"])
     assert f"(per sequence {lo:.2f}-{hi:.2f})" in capsys.readouterr().out   # the text summary line
-    seen = []   # --exact hands generate an AttnImpl with dense_rows for the batch
+    seen = []   # --exact hands generate an exact-mode AttnImpl
     real_generate = jspec.generate
     monkeypatch.setattr(jspec, "generate", lambda *a, **k: seen.append(k["impl"]) or real_generate(*a, **k))
     assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--exact"]) == 0
-    assert seen[-1].dense_rows == 128 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
+    assert seen[-1].exact and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == res["tokens"]
     assert cli.main(argv + ["--method", "vegas", "--gamma", "2", "--budget", "8", "--min-tokens", "8", "--slots", "1"]) == 0
     served = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert served["tokens"] == res["tokens"] and served["stats"]["batch"] == 1

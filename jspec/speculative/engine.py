@@ -189,6 +189,7 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, msta
         return jnp.zeros((cache.batch, 0), jnp.int32), None, cache
     m = _method(spec)
     sel = m.begin_round(spec, cfg, mstate, cache.lengths)
+    impl = impl.for_drafts()   # verification rewrites every drafted slot: exact mode need not cover drafts
 
     def step(carry, j):
         cache, tok, key = carry
@@ -288,8 +289,9 @@ def run(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state:
       key: PRNG key (unused for greedy sampling configs).
       max_new_tokens, stop_tokens: static; a sequence ends after emitting a stop token (kept) or
         max_new_tokens tokens. Greedy output equals `decoding.decode`'s in exact arithmetic (float32 at
-        HIGHEST matmul precision); in bf16 up to near-tie rounding (docs/methods.md, "Exactness"). Sampled
-        output has the target's distribution.
+        HIGHEST matmul precision) and in bf16 exact mode (both with impl=AttnImpl(exact=True)); in default
+        bf16 up to near-tie rounding (docs/methods.md, "Lossless"). Sampled output has the target's
+        distribution.
       drafter: longspec only: the drafter block's params (traced, not donated).
     Returns:
       tokens int32[B, max_new_tokens] padded with -1, n_out int32[B], SpecStats.

@@ -103,7 +103,8 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
     dcache = mstate.dcache
     shape = (B, T, cfg.n_kv_heads, cfg.head_dim)
     buf = (jnp.zeros(shape, dcache.k.dtype), jnp.zeros(shape, dcache.v.dtype))
-    cross_fn = cross_attention(cfg, cache, impl, live)   # every accepted target slot (< lengths) is visible
+    # Every accepted target slot (< lengths) is visible. Drafting never needs exact mode (AttnImpl.for_drafts).
+    cross_fn = cross_attention(cfg, cache, impl.for_drafts(), live)
 
     def run_level(buf, lvl, idx, tree):
         slots = jnp.broadcast_to(jnp.asarray(idx, jnp.int32), (B, len(idx)))
