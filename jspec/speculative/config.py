@@ -97,6 +97,13 @@ class Verify:
         except ValueError as e:
             raise InputError(f"verify={self.kind!r}: {e}") from None
 
+    @classmethod
+    def from_profile(cls, profile, **overrides) -> "Verify":
+        """Dustin with a `jspec.dustin.Profile`'s budget, tiers, heads and dense layers; `overrides` win."""
+        return cls(**{**dict(kind="dustin", budget=profile.budget, sink=profile.sink, window=profile.window,
+                             m=profile.m, page=profile.page, target_heads=profile.target_heads,
+                             draft_heads=profile.draft_heads, dense_layers=profile.dense_layers), **overrides})
+
     @property
     def lossless(self) -> bool:
         return self.kind == "dense"
