@@ -98,11 +98,11 @@ class Verify:
             raise InputError(f"verify={self.kind!r}: {e}") from None
 
     @classmethod
-    def from_profile(cls, profile, **overrides) -> "Verify":
+    def from_profile(cls, prof, **overrides) -> "Verify":
         """Dustin with a `jspec.dustin.Profile`'s budget, tiers, heads and dense layers; `overrides` win."""
-        return cls(**{**dict(kind="dustin", budget=profile.budget, sink=profile.sink, window=profile.window,
-                             m=profile.m, page=profile.page, target_heads=profile.target_heads,
-                             draft_heads=profile.draft_heads, dense_layers=profile.dense_layers), **overrides})
+        return cls(**{**dict(kind="dustin", budget=prof.budget, sink=prof.sink, window=prof.window, m=prof.m,
+                             page=prof.page, target_heads=prof.target_heads, draft_heads=prof.draft_heads,
+                             dense_layers=prof.dense_layers), **overrides})
 
     @property
     def lossless(self) -> bool:
