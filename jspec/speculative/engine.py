@@ -185,20 +185,17 @@ def _prepare_method(params, cfg, spec, cache, logits, last_token, impl, drafter,
 # ------------------------------------------------------------------------------------------- the pieces
 
 def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, mstate, cache, last, key,
-          impl: AttnImpl = AttnImpl(), live=None):
+          impl: AttnImpl = AttnImpl(), live=None, signal: bool = False):
     """gamma sparse one-token forwards of the target (step 1). `live` (bool[B], optional): rows still
     decoding; finished ones skip their attention reads (`model.forward`'s `live`) and draft junk.
+    signal: also collect Dustin's draft-lookahead signal A_D (a lossy spec.verify with a tier 1).
 
     Returns:
       drafts int32[B, gamma]; q f32[B, gamma, V] processed draft distributions (None for greedy);
-      the cache with lengths advanced by gamma (the caller rolls it back before verifying).
+      the cache with lengths advanced by gamma (the caller rolls it back before verifying);
+      A_D f32[B, S] with `signal` (the draft steps' attention on the draft heads over the entries they read,
+      sparse_verify.draft_probe, summed over the steps), else None.
     """
-    return _draft(params, cfg, spec, samp, mstate, cache, last, key, impl, live)[:3]
-
-
-def _draft(params, cfg, spec, samp, mstate, cache, last, key, impl, live, signal: bool = False):
-    """`draft`, and with `signal` (Dustin's tier 1) also A_D f32[B, S]: the draft steps' attention on the draft
-    heads over the entries they read (sparse_verify.draft_probe), summed over the steps; else None."""
     if spec.gamma == 0:   # "ar": nothing to draft
         return jnp.zeros((cache.batch, 0), jnp.int32), None, cache, None
     m = _method(spec)
@@ -372,8 +369,8 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
                                                               st.last, live, k_draft, k_accept, impl, vs)
     else:
         signal = vs is not None and sparse_verify.uses_draft(spec)
-        drafts, q, cache, a_d = _draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl, live,
-                                       signal)
+        drafts, q, cache, a_d = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl, live,
+                                      signal)
         if spec.lookup:
             drafts, q = extend(spec, st.tokens, base, st.last, drafts, q)
         cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
