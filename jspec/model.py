@@ -228,6 +228,9 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         if probe is not None:
             got = probe(i, q, k_all, sel)
             if got is not None:
+                # The probe reads k_all, which later layers update in place: tie it to this layer's queries so
+                # it is computed before those writes (otherwise XLA keeps the cache alive by copying it).
+                q, got = jax.lax.optimization_barrier((q, got))
                 probed.append(got)
         if sel is None:
             o, scores = _full(q, k_all, v_all, i, kv_len, tree, score_rows, score_mode, impl)

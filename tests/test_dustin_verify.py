@@ -262,6 +262,37 @@ def test_target_signal_is_the_chosen_heads_softmax_on_the_verifications_q_and_k(
     assert int(vs.rounds) == 1
 
 
+# ---- the cache is updated in place -------------------------------------------------------------------------
+
+def _cache_copies(hlo: str, shape: str) -> int:
+    return sum(1 for ln in hlo.splitlines() if " copy(" in ln and ln.split("=", 1)[1].strip().startswith(shape))
+
+
+@pytest.mark.parametrize("case", ["vegas-dustin", "quest-verify", "longspec-tree"])
+def test_signals_and_selection_do_not_copy_the_cache(case):
+    """The signals read the cache that the verification then updates in place, and the dense rounds are a
+    per-layer cond after the cache write: none of it may make XLA copy the cache (the compiled program has no
+    copy of a cache-shaped buffer; a probe without its ordering barrier had two, a whole-forward cond four)."""
+    if case == "longspec-tree":
+        s = tl.setup("plain")
+        spec = dataclasses.replace(tl.SPECS["tree"], verify=Verify("dustin", budget=16, sink=2, window=4))
+        state = speculative.init(s["params"], s["cfg"], spec, s["tokens"], s["lengths"], tl.CAPACITY,
+                                 drafter=s["drafter"])
+        lowered = speculative.run_donating.lower(s["params"], s["cfg"], spec, GREEDY, state, jax.random.key(0), 8,
+                                                 drafter=s["drafter"])
+        shape = f"f32[2,3,{tl.CAPACITY},2,16]"
+    else:
+        cfg, params, tokens, lengths, _, _ = ts.setup("llama")
+        v = (Verify("dustin", budget=16, sink=2, window=4, refresh=3, decay=0.5) if case == "vegas-dustin"
+             else Verify("quest", budget=16, page=4))
+        spec = dataclasses.replace(ts.variant("llama", "vegas"), verify=v)
+        state = speculative.init(params, cfg, spec, tokens, lengths, ts.CAPACITY)
+        lowered = speculative.run_donating.lower(params, cfg, spec, GREEDY, state, jax.random.key(0), 8)
+        shape = f"f32[2,3,{ts.CAPACITY},2,16]"
+    hlo = lowered.compile().as_text()
+    assert " conditional(" in hlo and _cache_copies(hlo, shape) == 0
+
+
 # ---- configuration and interfaces -------------------------------------------------------------------------
 
 def test_verify_config_errors_and_defaults():

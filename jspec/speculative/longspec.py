@@ -191,7 +191,10 @@ def step(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draft
     if vstate is None:
         logits, cache = verify(params, cfg, spec, cache, d.tree, impl, active)
     else:   # Dustin / its baselines: the tree verified against I_verify + the tree's own slots
-        logits, cache, _, vstate = sparse_verify.forward(params, cfg, spec, vstate, d.tree.tokens, cache, d.signal,
+        tokens, signal = d.tree.tokens, d.signal
+        if signal is not None:   # A_D reads the cache the verification then updates in place: read it first
+            tokens, signal = jax.lax.optimization_barrier((tokens, signal))
+        logits, cache, _, vstate = sparse_verify.forward(params, cfg, spec, vstate, tokens, cache, signal,
                                                          tree=_tree_input(spec, d.tree), impl=impl, live=active)
     best, n_acc, nxt = accept(spec, samp, d, logits, k_accept)
     drafts, cache, mstate = commit(spec, d, cache, base, best, n_acc, active, mstate)
