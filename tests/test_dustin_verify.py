@@ -9,6 +9,8 @@
   an independent numpy forward whose attention is masked to I_verify + the new tokens;
 - the signals: A_T is the softmax weights of the chosen heads on the verification's own q / k
   (`dustin.softmax_weights`), A_D the draft step's weights over the entries it read;
+- sampling: a sparse round's first token follows the sparse target's law (chi-square), not the dense one's;
+- the compiled loop never copies the cache (signals read it before the verification updates it in place);
 - the interfaces: Verify validation, profiles via `jspec.generate` (another model / drafter: InputError), the
   CLI flags and the lossy line, `jspec bench` records (lossless false, fidelity against the dense twin).
 """
@@ -26,7 +28,7 @@ import test_longspec as tl
 import test_speculative as ts
 from conftest import CharTokenizer
 from jspec import decoding as gen
-from jspec import dustin, kv_cache, model, speculative
+from jspec import dustin, kv_cache, model, sampling, speculative
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 from jspec.speculative import SpecConfig, Verify, sparse_verify
@@ -260,6 +262,45 @@ def test_target_signal_is_the_chosen_heads_softmax_on_the_verifications_q_and_k(
     _, _, _, vs = sparse_verify.forward(params, cfg, spec, vs, block, cache, score_rows=(0, 3))
     np.testing.assert_allclose(np.asarray(vs.a_t), want, rtol=1e-5, atol=1e-6)
     assert int(vs.rounds) == 1
+
+
+# ---- sampling: the sparse target's distribution ------------------------------------------------------------
+
+def test_sampled_tokens_follow_the_sparse_targets_law():
+    """Under sampling a round's tokens follow the SPARSE target's distribution (rejection sampling is exact for
+    the target it verifies against). 16,000 rows of one prompt (V = 8, tests/test_sampling_engine.py's tiny
+    model, undamped) with streaming verification over sink 1 + the 3 newest prompt slots, the first round
+    sparse (its forced dense round skipped in the state): the joint law of (t0, t1) -- t0 from the dense
+    prefill, t1 the first round's first token, accepted draft or correction -- must be p(t0) p_sparse(t1 | t0),
+    computed from a forward masked to those slots, and must NOT be the dense p(t0) p(t1 | t0) (TV 0.15 apart).
+    Later tokens are not tested: a round's I_verify moves with the round boundaries, which depend on earlier
+    acceptances, so the law of the whole output is a mixture of such sparse targets (docs/methods.md)."""
+    import test_sampling_engine as se
+    from test_sampling_power import chisquare_cells, joint_counts, power
+    cfg, V, P, samp, n = se.tiny(), se.V, se.P, se.SAMP, 16_000
+    params = model.init_params(cfg, jax.random.key(3), scale=0.2)
+    seqs = jnp.asarray(np.concatenate([np.tile(se.PROMPT, (V, 1)), np.arange(V)[:, None]], 1), jnp.int32)
+    lg, _, _ = model.forward(params, cfg, seqs, kv_cache.init(cfg, batch=V, capacity=P + 1))
+    p = np.asarray(sampling.process_logits(lg, samp), np.float64)
+    dense = p[0, P - 1][:, None] * p[:, P]                                                 # [t0, t1]
+    _, cache, _ = model.forward(params, cfg, seqs[:, :P], kv_cache.init(cfg, batch=V, capacity=P + 1))
+    idx = jnp.asarray(np.tile([0, P - 3, P - 2, P - 1], (V, 1)), jnp.int32)
+    lg_s, _, _ = model.forward(params, cfg, seqs[:, P:], cache, sparse=model.Sparse(idx, jnp.full((V,), 4)))
+    sparse = p[0, P - 1][:, None] * np.asarray(sampling.process_logits(lg_s[:, 0], samp), np.float64)
+    assert 0.5 * np.abs(dense - sparse).sum() > 0.1
+
+    spec = SpecConfig("vegas", gamma=2, budget=4, verify=Verify("streaming", budget=4, sink=1))
+    state = speculative.init(params, cfg, spec, jnp.asarray(np.tile(se.PROMPT, (n, 1))), jnp.full((n,), P, jnp.int32),
+                             P + 4 + spec.capacity_margin())
+    state = state.replace(verify=state.verify.replace(rounds=jnp.ones((), jnp.int32)))   # round 1 sparse too
+    out, _, st = speculative.run(params, cfg, spec, samp, state, jax.random.key(11), 4)
+    hist = np.asarray(st.accept_hist).sum(0)
+    assert hist[1:].sum() > 0.3 * hist.sum(), hist       # drafts are accepted, not only corrected
+    counts = joint_counts(np.asarray(out)[:, :2], V)
+    pvalue, df, forbidden = chisquare_cells(counts, sparse.reshape(-1))
+    assert forbidden == 0 and power(df, n, 0.05, 1e-4) > 0.9
+    assert pvalue > 1e-4, pvalue
+    assert chisquare_cells(counts, dense.reshape(-1))[0] < 1e-6    # the dense target's law is rejected
 
 
 # ---- the cache is updated in place -------------------------------------------------------------------------

@@ -8,7 +8,10 @@ One round (one iteration of a jitted `lax.while_loop`, no host sync):
        1b.     with spec.lookup = G: G more drafts proposed by n-gram lookup over the row's text + the drafts
                (lookup.py), verified in the same forward (T = gamma + G + 1); below, gamma means gamma + G
     2. verify  roll back to lengths, one full-attention forward over [last, d1 .. dg] (T = gamma + 1), which
-               rewrites the same slots (+ slot lengths+gamma); vegas also collects per-layer scores here
+               rewrites the same slots (+ slot lengths+gamma); vegas also collects per-layer scores here.
+               With a lossy spec.verify (Dustin and its baselines, sparse_verify.py) this forward reads only
+               I_verify + the new tokens, the drafts also collect the draft signal, and State.verify carries
+               the policy's state; the default dense verification runs exactly the program without them
     3. accept  per sequence n in [0, gamma] drafts + one corrected/bonus token (sampling.verify_chain;
                exact match for greedy): n + 1 tokens emitted
     4. rollback lengths += n + 1: `last` and d1..dn are in the cache; the new token is the next `last`
