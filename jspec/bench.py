@@ -341,7 +341,7 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                            rows_identical_to_ar=round(1 - len(diffs) / B, 4), lossless=s.lossless,
                            distinct_token_share=distinct_share(toks), kinds=[p.kind for p in prompts])
                 outputs[spec.label] = toks
-                if not s.lossless:   # the same drafter verified densely, when this run has it
+                if not s.lossless:   # against the same drafter verified densely, when this run has it
                     rec["fidelity"] = fidelity(spec, methods, outputs)
                 if lossless_check:
                     rec.update(differences=diffs, timed=False)   # tokens/s includes compilation here
@@ -352,6 +352,11 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                     f"tau {rec['tau']:<5} identical {rec['rows_identical_to_ar']:.2f}  distinct "
                     f"{rec['distinct_token_share']:.2f}  (warm-up {warm_s:.0f} s)"
                     + ("" if s.lossless else f"  LOSSY, fidelity vs dense {rec['fidelity']}"))
+            for rec, spec in zip(records[len(records) - len(methods):], methods):   # a dense twin run later
+                if not rec["lossless"] and rec.get("fidelity") is None:
+                    rec["fidelity"] = fidelity(spec, methods, outputs)
+            if on_record is not None:
+                on_record(records)
     return records
 
 

@@ -342,7 +342,10 @@ def test_verify_config_errors_and_defaults():
     assert Verify("dustin", budget=128, window=16, signals="target").tier1 == 0
     assert Verify("dustin", budget=128, window=16, signals="draft").tier1 == 108
     assert Verify("streaming", budget=128).selection_window == 124
-    hash(SpecConfig("vegas", verify=Verify("dustin", target_heads=[[1, 2]])))   # static jit argument
+    spec = SpecConfig("vegas", verify=Verify("dustin", target_heads=[[1, 2]], dense_layers=[0]))
+    hash(spec)                                                                 # a static jit argument
+    from jspec.speculative.config import read_config
+    assert SpecConfig(**read_config(json.loads(json.dumps(spec.describe())))) == spec   # a config file keeps it
     for kw, msg in [(dict(kind="fast"), "unknown verification"), (dict(kind="dustin", budget=32), "sink \\+ window"),
                     (dict(kind="dustin", m=10, signals="draft"), "give one"),
                     (dict(kind="quest", budget=40), "multiple of page=16"), (dict(kind="dustin", refresh=-1), "refresh"),
@@ -424,20 +427,20 @@ def test_bench_records_a_lossy_method_with_its_fidelity():
     from jspec import bench
     cfg, params, _, _, _, _ = ts.setup("qwen3")
     m = jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="")
-    methods = bench.split_methods("vegas:gamma=2,budget=8,min_tokens=8,"
-                                  "vegas:gamma=2,budget=8,min_tokens=8,verify=dustin,verify_budget=16,verify_sink=2,"
-                                  "verify_window=4")
-    assert dict(methods[1].knobs)["verify"] == "dustin" and bench.dense_twin(methods[1], methods) is methods[0]
-    recs = bench.bench(m, methods=methods, lengths=[60], batches=[2], workload="continue", new=10,
+    # the lossy method first: its fidelity is filled in once its dense twin has run
+    lossy, dense = bench.split_methods("vegas:gamma=2,budget=8,min_tokens=8,verify=dustin,verify_budget=16,"
+                                       "verify_sink=2,verify_window=4,vegas:gamma=2,budget=8,min_tokens=8")
+    assert dict(lossy.knobs)["verify"] == "dustin" and bench.dense_twin(lossy, [lossy, dense]) is dense
+    recs = bench.bench(m, methods=[lossy, dense], lengths=[60], batches=[2], workload="continue", new=10,
                        lossless_check=True, log=lambda *a: None)
     by = {r["method"]: r for r in recs}
-    lossy = by[methods[1].label]
-    assert by["ar"]["lossless"] and by[methods[0].label]["lossless"] and lossy["lossless"] is False
-    assert lossy["knobs"]["verify"]["kind"] == "dustin" and 0 <= lossy["rows_identical_to_ar"] <= 1
-    f = lossy["fidelity"]
-    assert f["reference"] == methods[0].label and 0 <= f["rows_identical"] <= 1
+    rec = by[lossy.label]
+    assert by["ar"]["lossless"] and by[dense.label]["lossless"] and rec["lossless"] is False
+    assert rec["knobs"]["verify"]["kind"] == "dustin" and 0 <= rec["rows_identical_to_ar"] <= 1
+    f = rec["fidelity"]
+    assert f["reference"] == dense.label and 0 <= f["rows_identical"] <= 1
     assert 0 <= f["tokens_to_first_divergence_mean"] <= 10
     summary = bench.summarize(recs, [])["L60_B2"]
-    assert summary["best"] == methods[0].label and summary["best_lossy"] == methods[1].label
+    assert summary["best"] == dense.label and summary["best_lossy"] == lossy.label
     with pytest.raises(bench.BenchError, match="unknown knob"):
         bench.MethodSpec.parse("vegas:verify_frob=1")
