@@ -48,8 +48,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                                    min_tokens=min_tokens, max_tokens=max_tokens, score_mode=score_mode,
                                    collect=collect, mode=mode, topk=topk, select_page=select_page, lookup=lookup,
                                    tree_widths=_widths(widths) if widths else None).items() if v is not None}
-    vknobs = {k: v for k, v in dict(verify=verify, verify_budget=verify_budget, verify_page=verify_page, verify_m=verify_m,
-                                    verify_refresh=verify_refresh, verify_signals=verify_signals,
+    vknobs = {k: v for k, v in dict(verify=verify, verify_budget=verify_budget, verify_page=verify_page,
+                                    verify_m=verify_m, verify_refresh=verify_refresh, verify_signals=verify_signals,
                                     profile=profile).items() if v is not None}
     try:
         spec = jspec.api.spec_config(method, config, **knobs, **vknobs)

@@ -16,7 +16,6 @@
 """
 import dataclasses
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -348,7 +347,8 @@ def test_verify_config_errors_and_defaults():
     assert SpecConfig(**read_config(json.loads(json.dumps(spec.describe())))) == spec   # a config file keeps it
     for kw, msg in [(dict(kind="fast"), "unknown verification"), (dict(kind="dustin", budget=32), "sink \\+ window"),
                     (dict(kind="dustin", m=10, signals="draft"), "give one"),
-                    (dict(kind="quest", budget=40), "multiple of page=16"), (dict(kind="dustin", refresh=-1), "refresh"),
+                    (dict(kind="quest", budget=40), "multiple of page=16"),
+                    (dict(kind="dustin", refresh=-1), "refresh"),
                     (dict(kind="dustin", decay=1.0), "decay"), (dict(kind="dustin", page=3), "multiple of page=3")]:
         with pytest.raises(jspec.InputError, match=msg):
             Verify(**kw)
