@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Optional, Sequence, Union
 
@@ -50,6 +51,7 @@ class Stats:
     rounds: Optional[list[int]] = None        # target verifications per sequence (speculative methods)
     tau_per_sequence: Optional[list[float]] = None   # each sequence's tau; a batch runs as long as its slowest
     knobs: Optional[dict] = None              # the SpecConfig of a speculative method
+    lossless: bool = True                     # False under a sparse (lossy) verification: spec.verify
 
 
 @dataclasses.dataclass
@@ -121,7 +123,8 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
              capacity: Optional[int] = None, ignore_eos: bool = False, impl: AttnImpl = AttnImpl(),
              config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
              drafter=None, slots: Optional[int] = None, refill: Optional[int] = None, staged: bool = False,
-             progress: bool = False, _ar_loop: str = "engine", **spec_knobs) -> Output:
+             progress: bool = False, verify: Optional[str] = None, verify_budget: Optional[int] = None,
+             profile=None, _ar_loop: str = "engine", **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
@@ -143,12 +146,23 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     staged: with slots, prefill the next `refill` prompts ahead and refill finished slots on the device after
     every round, instead of waiting for `refill` free slots (see `jspec.speculative.serve`).
     progress: with slots, a progress bar of finished requests on stderr.
+    verify: how the drafts are verified (`jspec.speculative.Verify`, docs/methods.md "Dustin"): None / "dense"
+    (lossless, the default), or a LOSSY sparse verification that reads `verify_budget` cache slots per sequence
+    (default 512): "dustin" (hybrid draft + target signals), "streaming" (sink + window) or "quest" (pages by
+    min/max keys); further knobs as verify_sink, verify_window, verify_m, verify_page, verify_refresh,
+    verify_decay, verify_signals ("hybrid" | "draft" | "target"), verify_dense_layers. The output then follows
+    the sparse target (greedy: its argmax; sampling: its distribution) and Stats.lossless is False.
+    profile: a Dustin profile (`jspec profile-heads`'s JSON path, or a `jspec.dustin.Profile`): its heads, budget,
+    tiers and dense layers are the defaults (verify defaults to "dustin"); one made for another model, or for
+    another kind of drafter, is an InputError. Without one Dustin uses the default heads
+    (`jspec.speculative.sparse_verify.default_heads`).
     _ar_loop: not an option. "decode" runs a static-batch "ar" request through the old plain-decoding loop
     (`decoding.decode`) instead of the engine, only so that `jspec bench` (method spelling `ar:loop=decode`) can
     measure both on a GPU before that loop is deleted (issue 28); it goes with the loop.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     req = _check_request(model, prompts, method=method, config=config,
-                         knobs=dict(gamma=gamma, budget=budget, ratio=ratio, **spec_knobs), drafter=drafter,
+                         knobs=dict(gamma=gamma, budget=budget, ratio=ratio, verify=verify,
+                                    verify_budget=verify_budget, profile=profile, **spec_knobs), drafter=drafter,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, chat=chat,
                          capacity=capacity, slots=slots, refill=refill, staged=staged, ar_loop=_ar_loop)
     stops = () if ignore_eos else model.stop_tokens
@@ -183,7 +197,7 @@ def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafte
     """Every check of a `generate` request, before anything runs; InputError says what to change.
     Also resolves what the request leaves open: the SpecConfig ("ar" too), longspec's drafter and tree, the
     cache capacity."""
-    spec = spec_config(method, config, **knobs) or speculative.SpecConfig("ar")
+    spec = spec_config(method, config, model_cfg=model.cfg, **knobs) or speculative.SpecConfig("ar")
     try:
         samp = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as e:
@@ -211,6 +225,12 @@ def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafte
         named = {k for k, v in knobs.items() if v is not None}
         spec, params = _longspec_spec(model, spec, drafter, tuned_for=slots or len(ids),
                                       keep_shape=config is not None or bool(named & {"tree_widths", "mode", "gamma"}))
+    if not spec.verify.lossless:
+        if slots is not None:
+            raise InputError(f"verify={spec.verify.kind!r} runs on a static batch; continuous batching (slots) "
+                             f"verifies densely only")
+        from jspec.speculative import sparse_verify
+        sparse_verify.check(spec, model.cfg)
     need = int(lengths.max()) + max_new_tokens
     margin = spec.capacity_margin()   # a speculative round writes up to gamma + 1 slots ahead ("ar": none)
     if capacity is None:
@@ -239,40 +259,81 @@ def _longspec_spec(model: Model, spec, drafter, *, tuned_for: int, keep_shape: b
     return spec, d.params
 
 
-def spec_config(method: Optional[str] = None, config=None, **knobs) -> Optional[speculative.SpecConfig]:
+def spec_config(method: Optional[str] = None, config=None, *, model_cfg: Optional[ModelConfig] = None,
+                **knobs) -> Optional[speculative.SpecConfig]:
     """The SpecConfig `generate` runs (None for plain "ar" decoding).
 
     Args:
       method: "ar" or a speculative method; None: the config's method, else "ar".
       config: None, a SpecConfig, a dict or the path of a JSON file such as `jspec tune` writes
         (`jspec.speculative.config.read_config` checks it); its fields are the defaults.
-      knobs: SpecConfig fields given explicitly (None = not given); they override the config's.
+      model_cfg: the target's config: a `profile` is checked against it (None: format checks only).
+      knobs: SpecConfig fields given explicitly (None = not given); they override the config's. The
+        verification's: `verify` (its kind), `profile` and `verify_<field>` for the other `Verify` fields.
     Raises:
-      InputError: unknown method, bad knob, unreadable config, or speculative knobs for "ar".
+      InputError: unknown method, bad knob, unreadable config or profile, or speculative knobs for "ar".
     """
     from jspec.speculative.config import read_config
 
     base = {} if config is None else read_config(config)
     given = {k: v for k, v in knobs.items() if v is not None}
+    vknobs = {k: given.pop(k) for k in list(given) if k in ("verify", "profile") or k.startswith("verify_")}
     method = method or base.get("method", "ar")
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     if method == "ar":   # a knob given for plain decoding would be silently ignored: a mistake
-        if given:
-            raise InputError(f"options {sorted(given)} only apply to speculative methods, not 'ar'")
+        if given or {k: v for k, v in vknobs.items() if (k, v) != ("verify", "dense")}:
+            raise InputError(f"options {sorted({**given, **vknobs})} only apply to speculative methods, not 'ar'")
         return None
+    if vknobs:
+        base["verify"] = verify_config(base.get("verify"), method=method, model_cfg=model_cfg, **vknobs)
     try:
         return speculative.SpecConfig(**{**base, **given, "method": method})
     except TypeError as e:
         raise InputError(f"bad speculative option: {e}") from None
 
 
+def verify_config(base=None, *, method: str, model_cfg: Optional[ModelConfig] = None, verify: Optional[str] = None,
+                  profile=None, **knobs) -> speculative.Verify:
+    """The `Verify` of `generate`'s verify keywords: `base` (a config file's Verify or its dict), then the profile's
+    fields, then verify=<kind> and verify_<field>=value. A profile implies verify="dustin"."""
+    import dataclasses as dc
+
+    from jspec import dustin
+    fields = {f.name for f in dc.fields(speculative.Verify)}
+    vals = dict(base) if isinstance(base, dict) else ({} if base is None else dc.asdict(base))
+    if profile is not None:
+        prof = profile if isinstance(profile, dustin.Profile) else dustin.read_profile(profile, model_cfg)
+        if isinstance(profile, dustin.Profile) and model_cfg is not None:
+            prof.check_model(model_cfg)
+        want = "longspec" if method == "longspec" else "self"
+        if prof.drafter != want:
+            raise InputError(f"the profile was made for drafter {prof.drafter!r}, but method {method!r} drafts "
+                                  f"with {want!r}; profile this pair with `jspec profile-heads`")
+        label = str(profile) if isinstance(profile, (str, os.PathLike)) else "(given)"
+        v = speculative.Verify.from_profile(prof, profile=label)
+        vals.update({k: getattr(v, k) for k in ("kind", "budget", "sink", "window", "m", "page", "target_heads",
+                                                "draft_heads", "dense_layers", "profile")})
+    if verify is not None:
+        vals["kind"] = verify
+    for k, v in knobs.items():
+        name = k[len("verify_"):]
+        if name not in fields - {"kind", "profile"}:
+            raise InputError(f"unknown verification option {k!r}; available: "
+                                  f"{', '.join('verify_' + f for f in sorted(fields - {'kind', 'profile'}))}")
+        vals[name] = v
+    out = speculative.Verify(**vals)
+    given = sorted(knobs) + (["profile"] if profile is not None else [])
+    if out.lossless and given:   # a knob the dense verification would silently ignore: a mistake
+        raise InputError(f"options {given} only apply to a sparse verification (verify='dustin', 'streaming' or "
+                              f"'quest'), not the dense one")
+    return out
+
+
 def bundled_drafter_dir(model: Model) -> str:
     """Where a drafter for `model` ships with jspec: drafters/<model directory name> in the top-level
     checkpoints/ folder of a source tree (or editable install), or in jspec/bundled/ of a wheel install
     (pyproject.toml maps the one to the other); the source tree's path when neither exists."""
-    import os
-
     name = os.path.basename(str(model.path).rstrip("/"))
     here = os.path.dirname(os.path.abspath(__file__))
     installed = os.path.join(here, "bundled", "drafters", name)
@@ -283,8 +344,6 @@ def bundled_drafter_dir(model: Model) -> str:
 def load_drafter_for(model: Model, drafter=None):
     """The LongSpec drafter for `model`: a `jspec.drafter.Drafter`, a directory, or None for the bundled one.
     Raises InputError when there is none, it cannot be read, or it was trained for other shapes."""
-    import os
-
     from jspec.drafter import Drafter, load_drafter
     if drafter is None:
         drafter = bundled_drafter_dir(model)
@@ -384,7 +443,7 @@ def _stats(req: _Request, run: _Run) -> Stats:
     decoded = sum(max(len(t) - 1, 0) for t in run.tokens)
     stats = Stats(method=req.spec.method, batch=req.slots or len(req.ids), prompt_tokens=[len(p) for p in req.ids],
                   new_tokens=[len(t) for t in run.tokens], prefill_s=run.prefill_s, decode_s=run.decode_s,
-                  tokens_per_s=decoded / max(run.decode_s, 1e-9))
+                  tokens_per_s=decoded / max(run.decode_s, 1e-9), lossless=req.spec.verify.lossless)
     st = run.spec_stats
     if req.spec.method != "ar" and st is not None:
         stats.tau = st.tau()

@@ -203,7 +203,7 @@ def _tree_lookup(tree_mask, rel, Tc):
     return jnp.take_along_axis(tree_mask, idx, axis=2)
 
 
-def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()):
+def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, tree_mask=None, impl=AttnImpl()):
     """Attention of T new queries over the gathered entries idx[b, :n_valid[b]] plus the T newest tokens.
 
     Args:
@@ -211,40 +211,81 @@ def sparse(q, k_all, v_all, layer: int, kv_len, idx, n_valid, *, impl=AttnImpl()
       kv_len: int32[B] (including the T new entries);
       idx: int32[B, M] selected cache positions (all < kv_len - T); n_valid: int32[B]. Or every layer's
         selections, idx int32[L, B, M] and n_valid int32[L, B]: the kernel reads row `layer` itself.
+      tree_mask: optional bool[B, T, T]: the T new tokens are a draft tree (Dustin's sparse tree
+        verification): token t sees new token u iff tree_mask[b, t, u]; default causal (u <= t).
     Returns:
       out [B, T, N, H].
     """
     if impl.backend != "xla":
         try:
-            def gathered(q, k_all, v_all, idx, n_valid, kv_len):
-                return _kernel_module("sparse_attention").sparse_attention_kernel(
-                    q, k_all, v_all, idx, n_valid, kv_len, interpret=impl.interpret, layer=layer)[0]
-            return _per_shard(impl, gathered, q, k_all, v_all, idx, n_valid, kv_len)
+            if tree_mask is None:
+                def gathered(q, k_all, v_all, idx, n_valid, kv_len):
+                    return _kernel_module("sparse_attention").sparse_attention_kernel(
+                        q, k_all, v_all, idx, n_valid, kv_len, interpret=impl.interpret, layer=layer)[0]
+                return _per_shard(impl, gathered, q, k_all, v_all, idx, n_valid, kv_len)
+
+            def gathered_tree(q, k_all, v_all, idx, n_valid, prefix_len, tree_mask):
+                return _kernel_module("tree_attention").sparse_tree_attention_kernel(
+                    q, k_all, v_all, idx, n_valid, prefix_len, tree_mask, interpret=impl.interpret, layer=layer)[0]
+            return _per_shard(impl, gathered_tree, q, k_all, v_all, idx, n_valid, kv_len - q.shape[1], tree_mask)
         except NotImplementedError:
             if impl.backend == "pallas":
                 raise
     if idx.ndim == 3:
         idx, n_valid = idx[layer], n_valid[layer]
     k, v = k_all[layer], v_all[layer]
-    return _sparse_xla(q, k, v, kv_len, idx, n_valid)
+    return _sparse_xla(q, k, v, kv_len, idx, n_valid, tree_mask)
 
 
-def _sparse_xla(q, k, v, kv_len, idx, n_valid):
+def _sparse_logits(q, k, kv_len, idx, n_valid, tree_mask, v=None):
+    """Scaled logits [B, K, G, T, M + T] over the gathered entries (selection, then the T new tokens), -inf
+    where not visible, the gathered positions [B, M + T] and (given v) the gathered values."""
     B, T, N, H = q.shape
     K = k.shape[2]
     G, M = N // K, idx.shape[1]
-    scale = H ** -0.5
     tail = (kv_len - T)[:, None] + jnp.arange(T, dtype=jnp.int32)[None]  # [B, T] slots of the new tokens
     pos = jnp.concatenate([idx, tail], axis=1)                           # [B, M + T]
     kg = jnp.take_along_axis(k, pos[:, :, None, None], axis=1)
-    vg = jnp.take_along_axis(v, pos[:, :, None, None], axis=1)
+    vg = None if v is None else jnp.take_along_axis(v, pos[:, :, None, None], axis=1)
     qg = q.reshape(B, T, K, G, H)
-    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, kg, preferred_element_type=jnp.float32) * scale
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, kg, preferred_element_type=jnp.float32) * H ** -0.5
     c = jnp.arange(M + T, dtype=jnp.int32)
     t = jnp.arange(T, dtype=jnp.int32)
     sel_ok = (c[None, None, :] < n_valid[:, None, None]) & (c[None, None, :] < M)
-    tail_ok = (c[None, None, :] >= M) & (c[None, None, :] - M <= t[None, :, None])
-    s = jnp.where((sel_ok | tail_ok)[:, None, None], s, -jnp.inf)
+    if tree_mask is None:
+        tail_ok = (c[None, None, :] >= M) & (c[None, None, :] - M <= t[None, :, None])
+    else:
+        tail_ok = jnp.concatenate([jnp.zeros((B, T, M), bool), tree_mask], axis=2)
+    return jnp.where((sel_ok | tail_ok)[:, None, None], s, -jnp.inf), pos, vg
+
+
+def _sparse_xla(q, k, v, kv_len, idx, n_valid, tree_mask=None):
+    B, T, N, H = q.shape
+    s, _, vg = _sparse_logits(q, k, kv_len, idx, n_valid, tree_mask, v)
     p = jax.nn.softmax(s, axis=-1)
     out = jnp.einsum("BKGTS,BSKH->BTKGH", p.astype(vg.dtype), vg, preferred_element_type=jnp.float32)
     return out.reshape(B, T, N, H).astype(q.dtype)
+
+
+def sparse_scores(q, k_all, layer: int, kv_len, idx, n_valid, *, score_rows, score_mode="weights", tree_mask=None):
+    """`full`'s per-position scores for a sparse attention (Vegas' selection under Dustin's sparse verification):
+    the rows' attention over the entries `sparse` read, summed over heads and rows, 0 at every slot not read.
+
+    Computed in XLA from a second gather of the selected keys (the kernels emit no scores): softmax weights over
+    the selection and the visible new tokens ("weights") or the raw scale * q.k ("logits").
+    Args: as `sparse`'s; score_rows: static tuple of query rows.
+    Returns:
+      f32[B, S].
+    """
+    if idx.ndim == 3:
+        idx, n_valid = idx[layer], n_valid[layer]
+    k = k_all[layer]
+    s, pos, _ = _sparse_logits(q, k, kv_len, idx, n_valid, tree_mask)   # every row: masks are per block row
+    s = s[:, :, :, jnp.asarray(score_rows, jnp.int32)]
+    if score_mode == "weights":
+        src = jnp.exp(s - jax.nn.logsumexp(s, axis=-1, keepdims=True))
+    else:
+        src = jnp.where(jnp.isfinite(s), s, 0.0)
+    per_pos = jnp.where(jnp.arange(pos.shape[1]) < idx.shape[1], src.sum(axis=(1, 2, 3)), 0.0)   # [B, M + T]
+    B, S = q.shape[0], k.shape[1]
+    return jnp.zeros((B, S), jnp.float32).at[jnp.arange(B)[:, None], pos].add(per_pos)

@@ -13,8 +13,10 @@ Workloads (`--workload`):
   DIR         a folder of your own prompts: each text file is one prompt, used as written (`--chat` wraps it).
 
 Each record: method, knobs, L, B, prompt lengths, new tokens, tokens/s (new tokens after the first / decode
-time), tau, speedup over `ar` in the same run, the share of rows whose tokens equal `ar`'s, and the share of
-distinct tokens in the output (a model that loops flatters prompt lookup).
+time), tau, speedup over `ar` in the same run, the share of rows whose tokens equal `ar`'s, the share of
+distinct tokens in the output (a model that loops flatters prompt lookup), and `lossless` (False under a sparse
+verification, `verify=...`; such a record also carries `fidelity` against the same drafter verified densely
+when the run has it: mean tokens to the first divergence and the share of identical rows).
 
 `--exact` runs every method, `ar` (the reference) included, in bf16 exact mode (`AttnImpl(exact=True)`) and adds
 to the summary the least share of rows identical to ar over the other methods (1.0 is the claim:
@@ -61,7 +63,9 @@ AR_LOOPS = ("engine", "decode")
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
     """One benchmarked configuration, written `method[+lookupN][:knob=value,...]`,
-    e.g. `vegas+lookup8:select_page=8`; `ar:loop=decode` is plain decoding through the old loop (see AR_LOOPS)."""
+    e.g. `vegas+lookup8:select_page=8`, or with a sparse (lossy) verification
+    `vegas:select_page=8,verify=dustin,verify_budget=512` (knobs as `jspec.generate`'s keywords); `ar:loop=decode`
+    is plain decoding through the old loop (see AR_LOOPS)."""
     label: str
     method: str
     knobs: tuple
@@ -80,8 +84,10 @@ class MethodSpec:
             if not eq:
                 raise BenchError(f"method {text!r}: knob {kv!r} is not key=value")
             knobs[k.strip()] = _value(v.strip())
-        from jspec.speculative.config import METHODS, SpecConfig
-        fields = {f.name for f in dataclasses.fields(SpecConfig)} - {"method"}
+        from jspec.speculative.config import METHODS, SpecConfig, Verify
+        # The verification axis: verify=<kind>, profile=<file> and verify_<field> (jspec.generate's keywords).
+        verify = {"verify", "profile"} | {f"verify_{f.name}" for f in dataclasses.fields(Verify)} - {"verify_kind"}
+        fields = ({f.name for f in dataclasses.fields(SpecConfig)} - {"method"}) | verify
         if method not in ("ar",) + METHODS:
             raise BenchError(f"unknown method {method!r} in {text!r}; available: ar, {', '.join(METHODS)}")
         bad = sorted(set(knobs) - fields - {"loop"})
@@ -270,6 +276,28 @@ def differences(ref: list, got: list) -> list[dict]:
     return out
 
 
+def dense_twin(spec: MethodSpec, methods: list) -> Optional[MethodSpec]:
+    """The method in `methods` that drafts like `spec` but verifies densely (same method and non-verify knobs)."""
+    def drafting(m):
+        return m.method, tuple((k, v) for k, v in m.knobs if k not in ("verify", "profile")
+                               and not k.startswith("verify_"))
+    return next((m for m in methods if m is not spec and drafting(m) == drafting(spec)
+                 and dict(m.knobs).get("verify", "dense") == "dense" and "profile" not in dict(m.knobs)), None)
+
+
+def fidelity(spec: MethodSpec, methods: list, outputs: dict) -> Optional[dict]:
+    """A lossy method's free-running fidelity against its dense twin's output (`dense_twin`, run earlier in the
+    same shape): mean tokens until the first divergence over rows, and the share of identical rows."""
+    twin = dense_twin(spec, methods)
+    if twin is None or twin.label not in outputs:
+        return None
+    ref, got = outputs[twin.label], outputs[spec.label]
+    firsts = [next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+              for a, b in zip(ref, got)]
+    return dict(reference=twin.label, tokens_to_first_divergence_mean=round(sum(firsts) / len(firsts), 2),
+                rows_identical=round(sum(a == b for a, b in zip(ref, got)) / len(ref), 4))
+
+
 def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: bool, reps: int, impl,
                temperature: float = 0.0, seed: int = 0):
     """Warm-up call (compilation), then `reps` timed calls of `jspec.generate`; the fastest is kept.
@@ -314,7 +342,7 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
             ids = [p.tokens for p in prompts]
             lens = [len(t) for t in ids]
             log(f"L={L} B={B}: prompt tokens {min(lens)}-{max(lens)} ({Counter(p.kind for p in prompts)})")
-            ref = None
+            ref, outputs = None, {}
             for spec in methods:
                 # The lossless check needs tokens, not times: one call per method, compilation included.
                 out, warm_s = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos,
@@ -330,8 +358,11 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                            new_tokens_mean=round(sum(s.new_tokens) / B, 1), tokens_per_s=round(s.tokens_per_s, 1),
                            decode_s=round(s.decode_s, 4), prefill_s=round(s.prefill_s, 4), warmup_s=round(warm_s, 1),
                            tau=round(s.tau, 3), speedup_vs_ar=round(s.tokens_per_s / ref["tps"], 3),
-                           rows_identical_to_ar=round(1 - len(diffs) / B, 4),
+                           rows_identical_to_ar=round(1 - len(diffs) / B, 4), lossless=s.lossless,
                            distinct_token_share=distinct_share(toks), kinds=[p.kind for p in prompts])
+                outputs[spec.label] = toks
+                if not s.lossless:   # against the same drafter verified densely, when this run has it
+                    rec["fidelity"] = fidelity(spec, methods, outputs)
                 if lossless_check:
                     rec.update(differences=diffs, timed=False)   # tokens/s includes compilation here
                 if impl.exact:
@@ -346,7 +377,13 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                 cost = f"  exact costs {rec['exact_cost_frac']:.1%}" if "exact_cost_frac" in rec else ""
                 log(f"  {spec.label:<28} {rec['tokens_per_s']:>10.1f} tok/s  {rec['speedup_vs_ar']:>5.2f}x ar  "
                     f"tau {rec['tau']:<5} identical {rec['rows_identical_to_ar']:.2f}  distinct "
-                    f"{rec['distinct_token_share']:.2f}  (warm-up {warm_s:.0f} s){cost}")
+                    f"{rec['distinct_token_share']:.2f}  (warm-up {warm_s:.0f} s){cost}"
+                    + ("" if s.lossless else f"  LOSSY, fidelity vs dense {rec['fidelity']}"))
+            for rec, spec in zip(records[len(records) - len(methods):], methods):   # a dense twin run later
+                if not rec["lossless"] and rec.get("fidelity") is None:
+                    rec["fidelity"] = fidelity(spec, methods, outputs)
+            if on_record is not None:
+                on_record(records)
     return records
 
 
@@ -354,7 +391,7 @@ def exact_summary(records: list) -> dict:
     """`--exact`'s summary: the least share of rows identical to (exact) ar over every other method and shape,
     the methods it covers, and with `--exact-cost` exact mode's cost per method (its largest over the shapes)
     and the largest over the methods, ar included; None where not measured."""
-    others = [r for r in records if r["method"] != "ar"]
+    others = [r for r in records if r.get("base_method", r["method"]) != "ar" and r.get("lossless", True)]
     costs = {}
     for r in records:
         if "exact_cost_frac" in r:
@@ -372,15 +409,19 @@ def summarize(records: list, peers: list) -> dict:
         rows = [r for r in records if (r["L"], r["B"]) == (L, B)]
         ar = next(r for r in rows if r["method"] == "ar")
         spec = [r for r in rows if r.get("base_method", r["method"]) != "ar"]   # not ar:loop=decode either
-        best = max(spec, key=lambda r: r["tokens_per_s"], default=None)
-        best_plain = max((r for r in spec if not r["lookup"]),
-                         key=lambda r: r["tokens_per_s"], default=None)
+        exact = [r for r in spec if r.get("lossless", True)]
+        lossy = [r for r in spec if not r.get("lossless", True)]
+        best = max(exact, key=lambda r: r["tokens_per_s"], default=None)
+        best_plain = max((r for r in exact if not r["lookup"]), key=lambda r: r["tokens_per_s"], default=None)
+        best_lossy = max(lossy, key=lambda r: r["tokens_per_s"], default=None)
         shape = {"ar_tokens_per_s": ar["tokens_per_s"],
                  "speedup_vs_ar": {r["method"]: r["speedup_vs_ar"] for r in rows if r["method"] != "ar"},
                  "best": best and best["method"], "best_speedup_vs_ar": best and best["speedup_vs_ar"],
                  "best_without_lookup": best_plain and best_plain["method"],
                  "best_without_lookup_speedup_vs_ar": best_plain and best_plain["speedup_vs_ar"],
                  "ar_distinct_token_share": ar["distinct_token_share"]}
+        if best_lossy is not None:   # sparse verification: lossy, never "best" above
+            shape.update(best_lossy=best_lossy["method"], best_lossy_speedup_vs_ar=best_lossy["speedup_vs_ar"])
         for p in peers:
             if (p.get("L"), p.get("B")) == (L, B) and p.get("tokens_per_s"):
                 shape[f"ar_speedup_vs_{p['peer']}"] = round(ar["tokens_per_s"] / p["tokens_per_s"], 3)
@@ -403,7 +444,8 @@ def plot(records: list, peers: list, path: str) -> Optional[str]:
         ps = [p for p in peers if (p.get("L"), p.get("B")) == (L, B) and p.get("tokens_per_s")]
         names = [p["peer"] for p in ps] + [r["method"] for r in rows]
         vals = [p["tokens_per_s"] for p in ps] + [r["tokens_per_s"] for r in rows]
-        colors = ["0.6"] * len(ps) + ["C0" if r["method"] == "ar" else "C1" for r in rows]
+        colors = ["0.6"] * len(ps) + ["C0" if r["method"] == "ar" else "C1" if r.get("lossless", True) else "C3"
+                                      for r in rows]
         bars = ax.bar(range(len(vals)), vals, color=colors)
         ar = next(r["tokens_per_s"] for r in rows if r["method"] == "ar")
         for b, v in zip(bars, vals):
@@ -411,7 +453,8 @@ def plot(records: list, peers: list, path: str) -> Optional[str]:
         ax.set_xticks(range(len(vals)), names, rotation=45, ha="right", fontsize=7)
         ax.set_title(f"L={L}, B={B}", fontsize=9)
         ax.set_ylabel("new tokens/s")
-    fig.suptitle("jspec bench: new tokens/s through jspec.generate\n(label: x ar in the same run; grey: peers)",
+    fig.suptitle("jspec bench: new tokens/s through jspec.generate\n(label: x ar in the same run; grey: peers; "
+                 "red: lossy sparse verification)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -532,7 +575,7 @@ def run(a) -> int:
     peers = [p for p in a.peers.split(",") if p.strip()]
     if set(peers) - {"hf", "hf-compile"}:
         raise BenchError(f"unknown peer(s) {sorted(set(peers) - {'hf', 'hf-compile'})}: hf, hf-compile")
-    if a.check_lossless:   # every method jspec has is lossless (a lossy verification policy would be refused here)
+    if a.check_lossless:   # lossy verifications (verify=...) run too; only the lossless methods are checked
         os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
     # Provenance first: a run that could not be recorded should not spend the GPU.
     state = provenance.source_state()
@@ -584,7 +627,8 @@ def run(a) -> int:
         if a.check_lossless:
             done = {r["method"] for r in records}
             summary["lossless"] = {m.label: min(r["rows_identical_to_ar"] for r in records if r["method"] == m.label)
-                                   for m in methods if m.label in done}
+                                   for m in methods if m.label in done
+                                   if all(r["lossless"] for r in records if r["method"] == m.label)}
             summary["rows_checked_per_method"] = sum(batches) * len(lengths)
         if a.exact:
             summary.update(exact_summary(records))
@@ -603,7 +647,8 @@ def run(a) -> int:
     print(f"wrote {a.out}" + (f" and {png}" if png else ""))
     _print_table(records, peer_records)
     if a.check_lossless:
-        bad = [(r["method"], r["L"], r["B"], d) for r in records for d in r.get("differences", [])]
+        # A lossy verification differs by design: its rows_identical_to_ar is reported, not checked.
+        bad = [(r["method"], r["L"], r["B"], d) for r in records if r["lossless"] for d in r.get("differences", [])]
         for m, L, B, d in bad:
             print(f"DIFFERS {m} L={L} B={B} row {d['row']} at position {d['position']}: ar {d['ar_token']} vs "
                   f"{d['token']}")
@@ -616,7 +661,8 @@ def _print_table(records, peers):
     print(f"{'L':>6} {'B':>4} {'method':<28} {'tok/s':>10} {'x ar':>6} {'tau':>6} {'ident':>6} {'distinct':>8}")
     for r in records:
         print(f"{r['L']:>6} {r['B']:>4} {r['method']:<28} {r['tokens_per_s']:>10.1f} {r['speedup_vs_ar']:>6.2f} "
-              f"{r['tau']:>6.2f} {r['rows_identical_to_ar']:>6.2f} {r['distinct_token_share']:>8.2f}")
+              f"{r['tau']:>6.2f} {r['rows_identical_to_ar']:>6.2f} {r['distinct_token_share']:>8.2f}"
+              + ("" if r.get("lossless", True) else "  LOSSY"))
     for p in peers:
         if p.get("tokens_per_s"):
             print(f"{p['L']:>6} {p['B']:>4} {'peer ' + p['peer']:<28} {p['tokens_per_s']:>10.1f}")

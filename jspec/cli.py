@@ -30,7 +30,8 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                  as_json: bool = False, config=None, devices: int = 1, gamma=None, budget=None, ratio=None,
                  sink=None, page_size=None, min_tokens=None, max_tokens=None, score_mode=None, collect=None,
                  mode=None, widths=None, drafter=None, topk=None, select_page=None, exact=False, slots=None,
-                 refill=None, staged=False, lookup=None):
+                 refill=None, staged=False, lookup=None, verify=None, verify_budget=None, verify_page=None,
+                 verify_m=None, verify_refresh=None, verify_signals=None, profile=None):
     import jspec
     from jspec import data
 
@@ -47,14 +48,23 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
                                    min_tokens=min_tokens, max_tokens=max_tokens, score_mode=score_mode,
                                    collect=collect, mode=mode, topk=topk, select_page=select_page, lookup=lookup,
                                    tree_widths=_widths(widths) if widths else None).items() if v is not None}
+    vknobs = {k: v for k, v in dict(verify=verify, verify_budget=verify_budget, verify_page=verify_page,
+                                    verify_m=verify_m, verify_refresh=verify_refresh, verify_signals=verify_signals,
+                                    profile=profile).items() if v is not None}
     try:
-        spec = jspec.api.spec_config(method, config, **knobs)
+        spec = jspec.api.spec_config(method, config, **knobs, **vknobs)
     except jspec.InputError as e:
-        if "only apply to speculative" in str(e):   # name the flags, not the keywords
+        given = {**knobs, **vknobs}
+        if "only apply to" in str(e):   # name the flags, not the keywords
             from jspec.speculative.config import METHODS
-            flags = ", ".join(f"--{'widths' if k == 'tree_widths' else k.replace('_', '-')}" for k in sorted(knobs))
-            raise jspec.InputError(f"{flags} only appl{'ies' if len(knobs) == 1 else 'y'} to the speculative "
-                                   f"methods ({', '.join(METHODS)}), not ar"
+            dense = "only apply to a sparse verification" in str(e)
+            named = sorted(k for k in vknobs if k != "verify") if dense else sorted(given)
+            flags = ", ".join(f"--{'widths' if k == 'tree_widths' else k.replace('_', '-')}" for k in named)
+            verb = f"appl{'ies' if len(named) == 1 else 'y'}"
+            if dense:
+                raise jspec.InputError(f"{flags} only {verb} to a sparse verification (--verify dustin, streaming or "
+                                       f"quest), not the dense default") from None
+            raise jspec.InputError(f"{flags} only {verb} to the speculative methods ({', '.join(METHODS)}), not ar"
                                    + ("" if method else " (the default without --method or --config)")) from None
         raise
     method = "ar" if spec is None else spec.method
@@ -76,7 +86,7 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
     out = jspec.generate(m, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, chat=chat, seed=seed, ignore_eos=ignore_eos, config=config,
                          drafter=drafter, impl=impl, slots=slots, refill=refill,
-                         staged=staged, progress=slots is not None, **knobs)
+                         staged=staged, progress=slots is not None, **knobs, **vknobs)
     s = out.stats
     if as_json:
         print(json.dumps({"texts": out.texts, "tokens": out.tokens, "stats": vars(s)}))
@@ -89,6 +99,10 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
               + (f" (per sequence {min(s.tau_per_sequence):.2f}-{max(s.tau_per_sequence):.2f})"
                  if s.tau_per_sequence and s.batch > 1 else "")
               + (f", accepted-length histogram {s.accept_hist}" if s.accept_hist else ""))
+        if not s.lossless:
+            v = s.knobs["verify"]
+            print(f"--- LOSSY: verify={v['kind']} reads {v['budget']} cache slots per sequence; the output follows "
+                  f"that sparse target, not the full model (docs/methods.md, \"Dustin\") ---")
     return out
 
 
@@ -251,6 +265,24 @@ def main(argv=None):
                         "own text (prompt + output) in the same forward, after the drafts (longspec: beside its "
                         "tree) (default 0: off). It pays on text the model keeps repeating, where lookup "
                         "proposes long runs the drafts miss; docs/performance.md)")
+    g.add_argument("--verify", choices=["dense", "dustin", "streaming", "quest"], default=None,
+                   help="how the drafts are verified: dense (default, lossless) or LOSSY sparse verification over "
+                        "--verify-budget cache slots per sequence: dustin (draft + target attention signals; "
+                        "--profile), streaming (sink + window) or quest (pages by min/max keys); docs/methods.md")
+    g.add_argument("--verify-budget", type=int, default=None, metavar="N",
+                   help="sparse verification: cache slots each sequence's verification reads (default 512)")
+    g.add_argument("--verify-page", type=int, default=None, metavar="P",
+                   help="sparse verification: select whole aligned pages of P slots (default 1; quest 16)")
+    g.add_argument("--verify-m", type=int, default=None, metavar="M",
+                   help="dustin: slots chosen by the draft signal (tier 1; default the profile's, else half the free "
+                        "slots)")
+    g.add_argument("--verify-signals", choices=["hybrid", "draft", "target"], default=None,
+                   help="dustin ablations: both signals (default), the draft's only or the target's only")
+    g.add_argument("--verify-refresh", type=int, default=None, metavar="R",
+                   help="sparse verification: every R-th verification is dense (default 0: only the first)")
+    g.add_argument("--profile", default=None, metavar="FILE",
+                   help="dustin: the heads profile JSON of `jspec profile-heads` for this model and drafter "
+                        "(implies --verify dustin; default: built-in heads, sparse_verify.default_heads)")
     g.add_argument("--widths", default=None,
                    help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape the drafter was "
                         "tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")

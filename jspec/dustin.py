@@ -1,13 +1,15 @@
 """Dustin (draft-augmented sparse verification): the selection core, as pure functions.
 
-The method and where our choices fill the paper's gaps: docs/methods.md, "Dustin". This module only picks
-positions and measures them; it is not wired into the engine yet (no signal collection, no sparse
-verification, no profiling).
+The method and where our choices fill the paper's gaps: docs/methods.md, "Dustin". This module picks
+positions, computes the signals from given queries and keys, and measures selections; the engine runs it as a
+verification policy (jspec/speculative/sparse_verify.py). Profiling (`jspec profile-heads`) lives elsewhere.
 
     select_verify       I_verify per sequence: sink + local window, tier 1 top-m by the draft-lookahead
                         signal A_D, tier 2 the rest by the target-historical signal A_T (docs/methods.md)
     attention_recovery  ARR: the softmax attention mass that falls on the selected positions (section 4)
     softmax_weights     dense softmax(q.k / sqrt(d)) over the valid cache positions (GQA), for ARR
+    head_weights        the same on a few heads, summed: the target-historical signal A_T (and LongSpec's A_D)
+    selected_weights    a sparse draft step's weights over the entries it read, on a few heads: A_D
     Profile             what offline profiling chose for one target (and drafter): budget, tiers, SRH heads;
                         `write_profile` / `read_profile` store it as JSON and refuse a profile made for another model
 
@@ -217,6 +219,69 @@ def softmax_weights(q, k, lengths):
     e = jnp.where(valid, jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0)), 0.0)
     den = e.sum(-1, keepdims=True)
     return e / jnp.where(den > 0, den, 1.0)
+
+
+def _by_group(heads, n_heads: int, n_kv: int) -> dict:
+    """{kv head: (q heads reading it, in order)} for static q-head indices (GQA: head n reads kv n // G)."""
+    G = n_heads // n_kv
+    groups = {}
+    for n in heads:
+        groups.setdefault(n // G, []).append(n)
+    return {g: tuple(ns) for g, ns in sorted(groups.items())}
+
+
+def head_weights(q, k, lengths, heads):
+    """A signal from a few heads: sum over the rows and the chosen q-heads of softmax(q.k / sqrt(H)) over the
+    valid positions; the target-historical A_T (verification rows over the prefix) and LongSpec's A_D (the
+    drafter's cross-attention over the target's last layer). Equals `softmax_weights(q, k, lengths)[:, heads]`
+    summed over heads and rows, but reads only the KV groups of the chosen heads.
+
+    Args:
+      q: [B, R, N, H] query rows; k: [B, S, K, H] one layer's keys; lengths: int32[B] valid positions.
+      heads: static tuple of q-head indices.
+    Returns:
+      f32[B, S] (0 at positions >= lengths; all 0 where lengths == 0).
+    """
+    B, R, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    valid = (jnp.arange(S)[None] < jnp.asarray(lengths, jnp.int32)[:, None])[:, None, None, :]   # [B, 1, 1, S]
+    out = jnp.zeros((B, S), jnp.float32)
+    for g, ns in _by_group(heads, N, K).items():   # one small einsum per KV group: its keys are read once
+        qg = q[:, :, jnp.asarray(ns)].astype(jnp.float32)                                # [B, R, n, H]
+        s = jnp.einsum("brnh,bsh->bnrs", qg, k[:, :, g].astype(jnp.float32)) * H ** -0.5
+        s = jnp.where(valid, s, -jnp.inf)
+        mx = jnp.max(s, axis=-1, keepdims=True)
+        e = jnp.where(valid, jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0)), 0.0)
+        den = e.sum(-1, keepdims=True)
+        out = out + (e / jnp.where(den > 0, den, 1.0)).sum(axis=(1, 2))
+    return out
+
+
+def selected_weights(q, k, idx, n_valid, own, heads):
+    """A self-speculative draft step's A_D on a few heads: its softmax weights over the entries it read,
+    idx[b, :n_valid[b]] plus its own token at slot own[b], summed over the chosen q-heads and scattered back to
+    cache positions (0 at every slot it did not read, and its own token's weight left out).
+
+    Args:
+      q: [B, 1, N, H] the draft token's queries; k: [B, S, K, H] one layer's keys.
+      idx: int32[B, M] selected positions; n_valid: int32[B]; own: int32[B] the draft token's slot.
+      heads: static tuple of q-head indices.
+    Returns:
+      f32[B, S].
+    """
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    M = idx.shape[1]
+    pos = jnp.concatenate([idx, own[:, None]], axis=1)                                  # [B, M + 1]
+    ok = (jnp.arange(M + 1)[None] < n_valid[:, None]) | (jnp.arange(M + 1)[None] == M)
+    per_pos = jnp.zeros((B, M + 1), jnp.float32)
+    for g, ns in _by_group(heads, N, K).items():
+        kg = jnp.take_along_axis(k[:, :, g], pos[:, :, None], axis=1).astype(jnp.float32)     # [B, M + 1, H]
+        s = jnp.einsum("bnh,bmh->bnm", q[:, 0, jnp.asarray(ns)].astype(jnp.float32), kg) * H ** -0.5
+        s = jnp.where(ok[:, None], s, -jnp.inf)
+        per_pos = per_pos + jax.nn.softmax(s, axis=-1).sum(1)
+    per_pos = jnp.where(jnp.arange(M + 1)[None] < M, per_pos, 0.0)   # the selection only
+    return jnp.zeros((B, S), jnp.float32).at[jnp.arange(B)[:, None], pos].add(per_pos)
 
 
 PROFILE_FORMAT = "jspec-dustin-profile/1"

@@ -189,7 +189,8 @@ def _flat(w, start, stop=None):
 def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=None, logits_at=None,
             tree: Optional[Tree] = None, sparse: Optional[Sparse] = None, score_rows: tuple = (),
             score_mode: str = "weights", impl: AttnImpl = AttnImpl(), selector: Optional[Callable] = None,
-            positions=None, live=None, attend: Optional[Callable] = None):
+            positions=None, live=None, dense_layers: tuple = (), full_when=None, probe: Optional[Callable] = None,
+            attend: Optional[Callable] = None):
     """Run T new tokens per sequence through the model, appending their K/V to the cache.
 
     Args:
@@ -200,10 +201,18 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
       logits_at: optional int32[B, R] row indices into T whose logits to return (prefill asks for the last
         real token only, so no [B, T, V] tensor is ever built); default all T.
       tree: tree verification inputs (positions = lengths + depth, masked attention among the T nodes).
-      sparse: per-layer selections: attend over those entries plus the T new tokens (self-drafting).
+      sparse: per-layer selections: attend over those entries plus the T new tokens (self-drafting; with
+        `tree`, the new tokens under the tree mask). Also one set for all layers: idx int32[B, M], n_valid
+        int32[B] (Dustin's sparse verification).
       score_rows / score_mode: collect per-layer scores of these query rows (see attention.full).
       selector: query-aware sparse attention (Quest-style drafting): `selector(layer, q[B, T, N, H]) ->
         (idx int32[B, M], n_valid int32[B])` picks each layer's entries from its own queries; replaces `sparse`.
+      dense_layers: static layer indices that attend to the whole cache although `sparse` / `selector` is given.
+      full_when: optional traced bool scalar: when True every layer attends to the whole cache instead of the
+        selection (Dustin's dense rounds: a `lax.cond` per layer; the cache write is outside it).
+      probe: optional `probe(layer, q [B, T, N, H], k_all, sel) -> f32[B, S] or None`, sel = (idx, n_valid) of
+        the layer's selection or None: its results are summed into aux["probe"] (Dustin's signals, computed
+        from the queries this forward already has; layers where it returns None cost nothing).
       attend: offline analysis only (jspec/offline): `attend(layer, q [B, T, N, H], k_all, v_all, kv_len) ->
         out [B, T, N, H]` replaces every layer's attention (e.g. a masked f32 softmax that also reads the
         queries); no scores are collected then. None (every runtime caller): the program is unchanged.
@@ -231,7 +240,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
 
     sparse_n = None if sparse is None else live_n(sparse.n_valid)
     k_all, v_all = cache.k, cache.v
-    all_scores = []
+    all_scores, probed = [], []
     lp, M = params["layers"], B * T
     fused = _dense_kernels(params, cfg, M, impl)
     if fused is not None:   # the stream as [Mp, D] rows, zero rows padding M to the kernels' 16-row blocks
@@ -255,16 +264,34 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
                 q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
             q, k = rope(q, positions, cfg), rope(k, positions, cfg)
         k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
-        if attend is not None:
+        if attend is not None:   # offline analysis: no selections, probes or scores
             o = attend(i, q, k_all, v_all, kv_len)
-        elif selector is not None:
-            sel_idx, sel_n = selector(i, q)
-            o = attention.sparse(q, k_all, v_all, i, kv_len, sel_idx, live_n(sel_n), impl=impl)
-        elif sparse is not None:
-            o = attention.sparse(q, k_all, v_all, i, kv_len, sparse.idx, sparse_n, impl=impl)
         else:
-            o, scores = attention.full(q, k_all, v_all, i, kv_len, tree_mask=None if tree is None else tree.mask,
-                                       score_rows=score_rows, score_mode=score_mode, impl=impl)
+            sel = None
+            if i not in dense_layers:
+                if selector is not None:
+                    sel_idx, sel_n = selector(i, q)
+                    sel = (sel_idx, live_n(sel_n))
+                elif sparse is not None:
+                    sel = (sparse.idx, sparse_n)
+            if probe is not None:
+                got = probe(i, q, k_all, sel)
+                if got is not None:
+                    # The probe reads k_all, which later layers update in place: tie it to this layer's queries so
+                    # it is computed before those writes (otherwise XLA keeps the cache alive by copying it).
+                    q, got = jax.lax.optimization_barrier((q, got))
+                    probed.append(got)
+            if sel is None:
+                o, scores = _full(q, k_all, v_all, i, kv_len, tree, score_rows, score_mode, impl)
+            elif full_when is None:
+                o, scores = _sparse(q, k_all, v_all, i, kv_len, sel, tree, score_rows, score_mode, impl)
+            else:
+                o, scores = jax.lax.cond(
+                    full_when, lambda q, k_all, v_all, sel: _full(q, k_all, v_all, i, kv_len, tree, score_rows,
+                                                                 score_mode, impl),
+                    lambda q, k_all, v_all, sel: _sparse(q, k_all, v_all, i, kv_len, sel, tree, score_rows,
+                                                         score_mode, impl),
+                    q, k_all, v_all, sel)
             all_scores.append(scores)
         if fused is not None:   # x + o @ wo; RMSNorm + gate/up GEMM + SwiGLU; x + act @ w_down
             run = functools.partial(fused.dense, implementation="pallas", interpret=impl.interpret)
@@ -294,7 +321,26 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     n_new = jnp.full((B,), T, jnp.int32) if n_new is None else n_new.astype(jnp.int32)
     cache = kv_cache.KVCache(k=k_all, v=v_all, lengths=start + n_new)
     aux = {"scores": jnp.stack(all_scores)} if score_rows and all_scores else {}
+    if probed:
+        aux["probe"] = sum(probed[1:], probed[0])
     return logits, cache, aux
+
+
+def _full(q, k_all, v_all, layer, kv_len, tree, score_rows, score_mode, impl):
+    return attention.full(q, k_all, v_all, layer, kv_len, tree_mask=None if tree is None else tree.mask,
+                          score_rows=score_rows, score_mode=score_mode, impl=impl)
+
+
+def _sparse(q, k_all, v_all, layer, kv_len, sel, tree, score_rows, score_mode, impl):
+    """Attention over the layer's selection (+ the new tokens, tree-masked for a tree) and, with score_rows,
+    `attention.sparse_scores` (0 at the slots not read)."""
+    idx, n = sel
+    mask = None if tree is None else tree.mask
+    o = attention.sparse(q, k_all, v_all, layer, kv_len, idx, n, tree_mask=mask, impl=impl)
+    if not score_rows:
+        return o, None
+    return o, attention.sparse_scores(q, k_all, layer, kv_len, idx, n, score_rows=score_rows, score_mode=score_mode,
+                                      tree_mask=mask)
 
 
 def init_params(cfg: ModelConfig, key, *, scale: float = 0.02, dtype=None, mesh=None):

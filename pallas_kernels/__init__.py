@@ -1,11 +1,13 @@
 """Pallas GPU (Triton lowering) attention kernels for long-context speculative decoding.
 
-Three ops, each as `op` (dispatcher), `op_kernel` (Pallas) and `op_reference` (pure-jnp f32), all with the
+Four ops, each as `op` (dispatcher), `op_kernel` (Pallas) and `op_reference` (pure-jnp f32), all with the
 same arguments:
 
     flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights")  -> out, lse, scores | None
     sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True)         -> out, lse
     tree_attention(q, k, v, prefix_len, tree_mask)                        -> out, lse
+    sparse_tree_attention(q, k, v, idx, n_valid, prefix_len, tree_mask)   -> out, lse   (a tree over selected
+                                                                             prefix entries: Dustin)
 
 and one selection op, Vegas' per-row top-k by threshold search instead of a sort (pallas_kernels/topk_select.py):
 
@@ -28,12 +30,13 @@ from .reference import (
     flash_scores_reference,
     masked_attention_reference,
     sparse_attention_reference,
+    sparse_tree_attention_reference,
     tree_attention_reference,
     tree_full_mask,
 )
 from .sparse_attention import sparse_attention, sparse_attention_kernel
 from .topk_select import topk_select, topk_select_kernel, topk_select_reference
-from .tree_attention import tree_attention, tree_attention_kernel
+from .tree_attention import sparse_tree_attention, sparse_tree_attention_kernel, tree_attention, tree_attention_kernel
 
 IMPLEMENTATIONS = ("pallas", "xla")
 
@@ -49,6 +52,9 @@ __all__ = [
     "sparse_attention",
     "sparse_attention_kernel",
     "sparse_attention_reference",
+    "sparse_tree_attention",
+    "sparse_tree_attention_kernel",
+    "sparse_tree_attention_reference",
     "topk_select",
     "topk_select_kernel",
     "topk_select_reference",

@@ -120,6 +120,22 @@ def sparse_attention_reference(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_s
     return out.astype(q.dtype), lse
 
 
+@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret"))
+def sparse_tree_attention_reference(q, k, v, idx, n_valid, prefix_len, tree_mask, *, sm_scale=None,
+                                    block_sizes=None, interpret=False, layer=None):
+    """Reference for `sparse_tree_attention`: gathers idx[b, :n_valid[b]] and the n tree slots, tree-masked."""
+    del block_sizes, interpret
+    if idx.ndim == 3:
+        idx, n_valid = idx[layer], n_valid[layer]
+    k, v = _one_layer(k, v, layer)
+    B, n = tree_mask.shape[:2]
+    pos, vis = sparse_mask_and_positions(idx, n_valid, prefix_len + n, n, tail=True)
+    vis = vis.at[:, :, idx.shape[1]:].set(tree_mask)   # the tail is the tree: its mask, not a causal one
+    take = lambda x: jnp.take_along_axis(x, pos[:, :, None, None], axis=1)
+    out, lse, _, _ = _attend(q, take(k), take(v), vis, sm_scale)
+    return out.astype(q.dtype), lse
+
+
 def tree_full_mask(prefix_len, tree_mask, S: int):
     """[B,n,S]: every prefix position < prefix_len, plus tree slot j (at prefix_len + j) iff tree_mask."""
     n = tree_mask.shape[1]

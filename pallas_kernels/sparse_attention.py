@@ -107,10 +107,11 @@ def _sparse_kernel(layer_ref, n_valid_ref, kv_len_ref, idx_ref, q_ref, k_ref, v_
 FUSE_HEADS = False
 
 
-@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "fuse_heads"))
+@functools.partial(jax.jit, static_argnames=("tail", "sm_scale", "block_sizes", "interpret", "fuse_heads", "out_f32"))
 def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,
-                            interpret=False, layer=None, fuse_heads=None):
-    """Pallas implementation of `sparse_attention` (same arguments; fuse_heads: None = FUSE_HEADS)."""
+                            interpret=False, layer=None, fuse_heads=None, out_f32=False):
+    """Pallas implementation of `sparse_attention` (same arguments; fuse_heads: None = FUSE_HEADS). out_f32: return
+    the output in float32, unrounded (a partial that `sparse_tree_attention` merges with the tree part)."""
     K, G = C.check_attention_shapes(q, k, v, layer)
     C.check_platform(interpret)
     B, T, N, H = q.shape
@@ -147,7 +148,7 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
         L_ = k.shape[0]
         k, v = k.reshape(L_, B, S * K, 1, H), v.reshape(L_, B, S * K, 1, H)
     kv_spec = C.kv_block_spec(k)
-    out_dtype = jnp.float32 if splits > 1 else q.dtype
+    out_dtype = jnp.float32 if splits > 1 or out_f32 else q.dtype
     o, lse = pl.pallas_call(
         kernel,
         grid=(B, K // heads, n_m, splits),
@@ -176,7 +177,7 @@ def sparse_attention_kernel(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scal
     if fuse:   # back to [B, K, T*G, ...] per head
         o = o[:, 0, : K * T * G].reshape(B, K, T * G, H)
         lse = lse[:, 0, : K * T * G].reshape(B, K, T * G)
-    return C.unpack_out(o, T, N).astype(q.dtype), C.unpack_lse(lse, T, N)
+    return C.unpack_out(o, T, N).astype(jnp.float32 if out_f32 else q.dtype), C.unpack_lse(lse, T, N)
 
 
 def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None, block_sizes=None,

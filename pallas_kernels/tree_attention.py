@@ -29,7 +29,8 @@ from . import _common as C
 from .flash_scores import default_block_sizes as flash_block_sizes
 from .flash_scores import exact_block_sizes as flash_exact_block_sizes
 from .flash_scores import flash_partials
-from .reference import tree_attention_reference
+from .reference import sparse_tree_attention_reference, tree_attention_reference
+from .sparse_attention import sparse_attention_kernel
 
 
 def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
@@ -275,3 +276,55 @@ def tree_attention(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes
     return C.dispatch(implementation, tree_attention_kernel, tree_attention_reference, q, k, v, prefix_len,
                       tree_mask, sm_scale=sm_scale, block_sizes=block_sizes, interpret=interpret, layer=layer,
                       exact=exact)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret"))
+def sparse_tree_attention_kernel(q, k, v, idx, n_valid, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None,
+                                 interpret=False, layer=None):
+    """Pallas implementation of `sparse_tree_attention` (same arguments): the sparse kernel over the selected
+    prefix entries (no tail, float32 partial), the tree pass over the n tree slots, merged through their LSEs."""
+    K, G = C.check_attention_shapes(q, k, v, layer)
+    C.check_platform(interpret)
+    B, n, N, H = q.shape
+    S = C.layer_shape(k, layer)[1]
+    if tree_mask.shape != (B, n, n):
+        raise ValueError(f"{tree_mask.shape=} must be {(B, n, n)}")
+    if S < 16:
+        raise NotImplementedError(f"{S=} must be >= 16")
+    sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
+    prefix_len = prefix_len.astype(jnp.int32)
+    o_p, lse_p = sparse_attention_kernel(q, k, v, idx, n_valid, prefix_len + n, tail=False, sm_scale=sm_scale,
+                                         interpret=interpret, layer=layer, out_f32=True)
+    bs = block_sizes or default_block_sizes(n * G, H, q.dtype)
+    block_m = C.row_block(n * G, bs.block_m)
+    qp = C.pack_queries(q, K, block_m)
+    block_k = min(bs.block_k, max(16, C.next_pow2(n)), C.prev_pow2(S))
+    o_t, lse_t = _tree_part(qp, k, v, prefix_len, tree_mask, n=n, G=G, sm_scale=sm_scale, block_m=block_m,
+                            block_k=block_k, bs=bs, interpret=interpret, layer=layer)
+    o_t, lse_t = C.unpack_out(o_t, n, N), C.unpack_lse(lse_t, n, N)          # [B, n, N, H], [B, N, n]
+    # An empty selection (n_valid = 0) gives lse -inf and weight 0; its (finite) output is zeroed anyway.
+    o_p = jnp.where(jnp.isfinite(lse_p).transpose(0, 2, 1)[..., None], o_p, 0.0)
+    o, lse = C.merge_partials(o_p, lse_p.transpose(0, 2, 1), o_t, lse_t.transpose(0, 2, 1))
+    return o.astype(q.dtype), lse.transpose(0, 2, 1)
+
+
+def sparse_tree_attention(q, k, v, idx, n_valid, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None,
+                          interpret=False, layer=None, implementation=None):
+    """Attention of n tree-draft tokens over selected prefix positions plus their tree (ancestor) mask: Dustin's
+    sparse verification of a draft tree (`sparse_attention`'s selection, `tree_attention`'s tree part).
+
+    Args:
+      q: [B,n,N,H] queries of the n tree tokens.
+      k, v: [B,S,K,H] one layer's cache, or the stacked [L,B,S,K,H] cache with a `layer` index; the tree tokens'
+        keys/values are at prefix_len[b] + i, i < n.
+      idx: int32[B,M] selected prefix positions, each < prefix_len[b], distinct; entries past n_valid are junk.
+        Or, with the stacked cache, every layer's int32[L,B,M] (and n_valid int32[L,B]).
+      n_valid: int32[B] real entries per sequence.
+      prefix_len: int32[B] committed prefix positions; tree_mask: bool[B,n,n] ancestor-or-self.
+      sm_scale, block_sizes (the tree pass's), interpret, layer, implementation: as in `tree_attention`.
+    Returns:
+      out [B,n,N,H] q.dtype, lse [B,N,n] f32 (natural log).
+    """
+    return C.dispatch(implementation, sparse_tree_attention_kernel, sparse_tree_attention_reference, q, k, v, idx,
+                      n_valid, prefix_len, tree_mask, sm_scale=sm_scale, block_sizes=block_sizes,
+                      interpret=interpret, layer=layer)

@@ -143,3 +143,58 @@ def test_lowers_to_triton_at_model_shapes(N, K, H, n):
     hlo = lower_for_h200(pk.tree_attention_kernel, sd((2, n, N, H), BF16), kv, kv, sd((2,), jnp.int32),
                          sd((2, n, n), jnp.bool_))
     assert triton_calls(hlo) == 2  # prefix flash + tree part
+
+
+# ---- sparse_tree_attention: a tree over selected prefix entries (Dustin's sparse tree verification) ----------
+
+sparse_tree_kernel = compiled(pk.sparse_tree_attention_kernel, *_STATIC)
+sparse_tree_reference = compiled(pk.sparse_tree_attention_reference, *_STATIC)
+
+
+def _sparse_tree_inputs(seed, B, n, N, K, H, S, M, dtype):
+    from _kernel_utils import random_index_sets
+    q, k, v, prefix_len, tree_mask = _inputs(seed, B, n, N, K, H, S, dtype)
+    rng = np.random.default_rng(seed + 1)
+    pl_ = np.asarray(prefix_len)
+    n_valid = np.minimum(pl_, rng.integers(0, M + 1, size=B))
+    idx = random_index_sets(rng, M, pl_ + n, n, sort=False, n_valid=n_valid)
+    return q, k, v, jnp.asarray(idx), jnp.asarray(n_valid, jnp.int32), prefix_len, tree_mask
+
+
+def _masked_over_selection(q, k, v, idx, n_valid, prefix_len, tree_mask):
+    """Dense attention over the whole cache with an explicit mask: the selected prefix slots + the tree's."""
+    B, n = tree_mask.shape[:2]
+    S = k.shape[1]
+    mask = np.zeros((B, n, S), bool)
+    for b in range(B):
+        mask[b, :, np.asarray(idx[b, :int(n_valid[b])])] = True
+        p = int(prefix_len[b])
+        mask[b, :, p:p + n] = np.asarray(tree_mask[b])
+    return dense(q, k, v, jnp.asarray(mask))
+
+
+@pytest.mark.parametrize("B,n,N,K,H,S,M,dtype", [
+    (3, 7, 9, 3, 64, 64, 20, F32),     # G=3 (SmolLM2's), some rows with no prefix (n_valid 0)
+    (2, 16, 8, 2, 128, 96, 40, F32),   # G=4
+    (2, 12, 8, 2, 128, 48, 16, BF16),
+])
+def test_sparse_tree_matches_reference_and_masked_dense(B, n, N, K, H, S, M, dtype):
+    args = _sparse_tree_inputs(4000 + n + S, B, n, N, K, H, S, M, dtype)
+    out, lse = sparse_tree_kernel(*args, interpret=INTERPRET)
+    assert out.dtype == dtype and lse.shape == (B, N, n)
+    r_out, r_lse = sparse_tree_reference(*args)
+    assert_close(out, r_out, dtype, "out")
+    assert_close(lse, r_lse, dtype, "lse")
+    d_out, d_lse = _masked_over_selection(*args)
+    assert_close(out, d_out, dtype, "out", "vs dense attention masked to the selection + tree")
+    assert_close(lse, d_lse, dtype, "lse", "vs dense attention masked to the selection + tree")
+
+
+def test_sparse_tree_with_every_prefix_slot_equals_tree_attention():
+    q, k, v, prefix_len, tree_mask = _inputs(27, 2, 6, 8, 2, 64, 48, F32)
+    M = 48
+    idx = jnp.broadcast_to(jnp.arange(M, dtype=jnp.int32), (2, M))
+    got = sparse_tree_kernel(q, k, v, idx, prefix_len, prefix_len, tree_mask, interpret=INTERPRET)
+    want = kernel(q, k, v, prefix_len, tree_mask, interpret=INTERPRET)
+    assert_close(got[0], want[0], F32, "out")
+    assert_close(got[1], want[1], F32, "lse")

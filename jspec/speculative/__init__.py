@@ -1,5 +1,8 @@
 """Speculative decoding, lossless: the target drafts for itself with sparse attention, or a trained LongSpec
-drafter drafts a chain or a tree; one target forward verifies each round.
+drafter drafts a chain or a tree; one target forward verifies each round. `SpecConfig.verify` can make that
+verification sparse instead (Dustin and its baselines: lossy, sparse_verify.py):
+
+    spec = SpecConfig("vegas", verify=Verify("dustin", budget=512))     # or Verify.from_profile(profile)
 
     state = jspec.speculative.init(params, cfg, spec, prompt_tokens, prompt_lengths, capacity)
     tokens, n_out, stats = jspec.speculative.run(params, cfg, spec, samp, state, key, max_new_tokens)
@@ -18,9 +21,9 @@ drafter drafts a chain or a tree; one target forward verifies each round.
 Methods (one module each, one shared engine): streaming, quest, vegas, longspec (+ tree.py: draft trees and
 their lossless acceptance). See engine.py and docs/methods.md.
 """
-from jspec.speculative.config import METHODS, SpecConfig
+from jspec.speculative.config import METHODS, SpecConfig, Verify
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating
 from jspec.speculative.continuous import ServeStats, serve
 
-__all__ = ["METHODS", "ServeStats", "SpecConfig", "SpecStats", "State", "init", "prepare", "run", "run_donating",
-           "serve"]
+__all__ = ["METHODS", "ServeStats", "SpecConfig", "SpecStats", "State", "Verify", "init", "prepare", "run",
+           "run_donating", "serve"]

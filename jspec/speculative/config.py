@@ -16,6 +16,115 @@ SCORE_MODES = ("weights", "logits")
 COLLECT = ("c2q", "all")
 MODES = ("tree", "chain")
 TOPK = ("sort", "select")
+VERIFY_KINDS = ("dense", "dustin", "streaming", "quest")
+SIGNALS = ("hybrid", "draft", "target")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verify:
+    """How the target verifies a round's drafts: the verification axis of the configuration (what drafts x how
+    they are verified), composable with every drafter. Frozen and hashable (it sits in SpecConfig, a static
+    jit argument). docs/methods.md, "Dustin".
+
+    kind:       "dense" (default, lossless: every layer reads the whole cache), or a lossy sparse verification
+                that reads only `budget` cache slots per sequence plus the round's own new tokens:
+                "dustin" (sink + local window, then tier 1: top-m by the draft-lookahead signal A_D, tier 2:
+                the rest by the target-historical signal A_T; `jspec.dustin.select_verify`), "streaming"
+                (sink + the newest budget - sink slots) or "quest" (per layer, the budget // page best pages by
+                Quest's min/max-key bound for the verified rows' queries, plus the partial last page). A
+                sequence whose context fits in the budget is verified densely (identical output).
+    budget:     K, the cache slots each sequence's verification reads (the static index width).
+    sink, window: dustin / streaming: the protected first and newest slots (streaming: window = budget - sink).
+    m:          dustin tier-1 size in slots (None: the profile's, else (budget - sink - window) // 2).
+    page:       unit of selection in slots (None: 1 for dustin / streaming, 16 for quest).
+    refresh:    R > 0: every R-th verification is dense (fidelity for speed); 0: only the first.
+    decay:      A_T <- decay * A_T + (this verification's estimate); 0 (default) keeps only the newest.
+    signals:    dustin ablations: "hybrid" (default), "draft" (m = every free slot: A_D only) or "target"
+                (m = 0: A_T only).
+    target_heads, draft_heads: (layer, q_head) pairs scoring A_T and A_D (the Semantic Retrieval Heads);
+                None: the profile's, else the defaults of `jspec.speculative.sparse_verify.default_heads`.
+    dense_layers: target layers that always read the whole cache.
+    profile:    where the heads came from (a profile's path; a label only, for the record).
+    """
+
+    kind: str = "dense"
+    budget: int = 512
+    sink: int = 4
+    window: int = 64
+    m: Optional[int] = None
+    page: Optional[int] = None
+    refresh: int = 0
+    decay: float = 0.0
+    signals: str = "hybrid"
+    target_heads: Optional[tuple] = None
+    draft_heads: Optional[tuple] = None
+    dense_layers: tuple = ()
+    profile: Optional[str] = None
+
+    def __post_init__(self):
+        for name in ("target_heads", "draft_heads"):
+            pairs = getattr(self, name)
+            if pairs is None:
+                continue
+            try:
+                pairs = tuple((int(a), int(b)) for a, b in pairs)
+            except (TypeError, ValueError):
+                raise InputError(f"verify {name} must be (layer, q_head) pairs, got {pairs!r}") from None
+            object.__setattr__(self, name, pairs)
+        object.__setattr__(self, "dense_layers", tuple(int(x) for x in self.dense_layers))
+        if self.kind not in VERIFY_KINDS:
+            raise InputError(f"unknown verification {self.kind!r}; available: {', '.join(VERIFY_KINDS)}")
+        if self.signals not in SIGNALS:
+            raise InputError(f"verify signals={self.signals!r} must be one of {SIGNALS}")
+        if self.refresh < 0:
+            raise InputError(f"verify refresh={self.refresh} must be >= 0 (a dense verification every R rounds)")
+        if not 0.0 <= self.decay < 1.0:
+            raise InputError(f"verify decay={self.decay} must be in [0, 1)")
+        if self.page is not None and self.page < 1:
+            raise InputError(f"verify page={self.page} must be >= 1")
+        if self.kind == "dense":
+            return
+        if self.m is not None and self.signals != "hybrid":
+            raise InputError(f"verify m={self.m} and signals={self.signals!r} both set tier 1's size; give one")
+        if self.kind == "quest":
+            if self.budget < self.page_size or self.budget % self.page_size:
+                raise InputError(f"verify budget={self.budget} must be a positive multiple of page={self.page_size} "
+                                 f"(quest keeps whole pages)")
+            return
+        from jspec import dustin
+        try:   # select_verify's own checks (budget vs sink + window, pages, m)
+            dustin._check(self.budget, self.sink, self.selection_window, self.tier1, self.page_size)
+        except ValueError as e:
+            raise InputError(f"verify={self.kind!r}: {e}") from None
+
+    @classmethod
+    def from_profile(cls, prof, **overrides) -> "Verify":
+        """Dustin with a `jspec.dustin.Profile`'s budget, tiers, heads and dense layers; `overrides` win."""
+        return cls(**{**dict(kind="dustin", budget=prof.budget, sink=prof.sink, window=prof.window, m=prof.m,
+                             page=prof.page, target_heads=prof.target_heads, draft_heads=prof.draft_heads,
+                             dense_layers=prof.dense_layers), **overrides})
+
+    @property
+    def lossless(self) -> bool:
+        return self.kind == "dense"
+
+    @property
+    def page_size(self) -> int:
+        return self.page if self.page is not None else (16 if self.kind == "quest" else 1)
+
+    @property
+    def selection_window(self) -> int:
+        """The protected local window: streaming keeps every slot after the sink."""
+        return self.budget - self.sink if self.kind == "streaming" else self.window
+
+    @property
+    def tier1(self) -> Optional[int]:
+        """Tier-1 size m for `select_verify` (None: its default, half the free slots)."""
+        if self.kind == "streaming" or self.signals == "target":
+            return 0
+        if self.signals == "draft":
+            return self.budget - self.sink - self.window
+        return self.m
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +166,8 @@ class SpecConfig:
                 to the selection point are attended whole (up to select_page - 1 more). The budget (static
                 width) must be a multiple of it. Pages rank fewer scores and keep a selected token's
                 neighbours, so they measured faster at the same or higher tau (docs/performance.md).
+    verify:     how the drafts are verified (`Verify`): dense (default, lossless) or a lossy sparse
+                verification (Dustin and its baselines), with any of the drafters above.
     lookup:     also verify, in the same target forward, this many tokens proposed by n-gram lookup over the
                 row's own text (prompt + output; jspec/speculative/lookup.py). longspec hangs them off the
                 tree's root as a chain of their own; streaming, quest and vegas append them to the gamma
@@ -82,10 +193,15 @@ class SpecConfig:
     topk: str = "select"
     select_page: int = 1
     lookup: int = 0
+    verify: Verify = Verify()
 
     def __post_init__(self):
         # A list would make the config unhashable (it is a static jit argument): store a tuple of ints.
         object.__setattr__(self, "tree_widths", tuple(int(w) for w in self.tree_widths))
+        if isinstance(self.verify, dict):   # from a JSON config (describe() writes it as a dict)
+            object.__setattr__(self, "verify", Verify(**self.verify))
+        if not isinstance(self.verify, Verify):
+            raise InputError(f"verify must be a jspec.speculative.Verify, got {type(self.verify).__name__}")
         if self.method == "ar":   # plain decoding through the engine (serve): no drafts
             object.__setattr__(self, "gamma", 0)
         elif self.method not in METHODS:
@@ -132,6 +248,8 @@ class SpecConfig:
         if self.lookup and self.method == "ar":
             raise InputError(f"lookup={self.lookup} needs a speculative method (streaming, quest, vegas, longspec), "
                              f"not 'ar'")
+        if self.method == "ar" and not self.verify.lossless:
+            raise InputError(f"verify={self.verify.kind!r} needs a speculative method: 'ar' verifies no drafts")
         if self.method == "longspec" and self.depth >= self.window:
             raise InputError(f"the draft depth {self.depth} must be < window={self.window} (the drafter's ring "
                              f"must hold a whole root-to-leaf path)")

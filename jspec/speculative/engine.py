@@ -9,7 +9,10 @@ One round (one iteration of a jitted `lax.while_loop`, no host sync):
        1b.     with spec.lookup = G: G more drafts proposed by n-gram lookup over the row's text + the drafts
                (lookup.py), verified in the same forward (T = gamma + G + 1); below, gamma means gamma + G
     2. verify  roll back to lengths, one full-attention forward over [last, d1 .. dg] (T = gamma + 1), which
-               rewrites the same slots (+ slot lengths+gamma); vegas also collects per-layer scores here
+               rewrites the same slots (+ slot lengths+gamma); vegas also collects per-layer scores here.
+               With a lossy spec.verify (Dustin and its baselines, sparse_verify.py) this forward reads only
+               I_verify + the new tokens, the drafts also collect the draft signal, and State.verify carries
+               the policy's state; the default dense verification runs exactly the program without them
     3. accept  per sequence n in [0, gamma] drafts + one corrected/bonus token (sampling.verify_chain;
                exact match for greedy): n + 1 tokens emitted
     4. rollback lengths += n + 1: `last` and d1..dn are in the cache; the new token is the next `last`
@@ -47,7 +50,7 @@ from flax import struct
 from jspec import kv_cache, model, sampling
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-from jspec.speculative import longspec, lookup, plain, quest, streaming, vegas
+from jspec.speculative import longspec, lookup, plain, quest, sparse_verify, streaming, vegas
 from jspec.speculative.config import SpecConfig
 
 METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas, "ar": plain}
@@ -61,6 +64,7 @@ class State:
     logits: jax.Array     # f32[B, V] distribution of the first token to emit
     method: object        # the method module's state pytree
     tokens: object = None  # int32[B, capacity] with spec.lookup (not longspec): the text by cache slot
+    verify: object = None  # sparse_verify.State with a lossy spec.verify (None: dense verification)
 
 
 @struct.dataclass
@@ -141,6 +145,15 @@ def prepare(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache,
 
 
 def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, prompt_tokens=None):
+    vs = None
+    if sparse_verify.active(spec):
+        sparse_verify.check(spec, cfg)
+        vs = sparse_verify.init(spec, cfg, cache)
+    state = _prepare_method(params, cfg, spec, cache, logits, last_token, impl, drafter, prompt_tokens)
+    return state if vs is None else state.replace(verify=vs)
+
+
+def _prepare_method(params, cfg, spec, cache, logits, last_token, impl, drafter, prompt_tokens):
     if spec.method == "longspec":
         if prompt_tokens is None:
             raise ValueError("method 'longspec' needs prompt_tokens to fill the drafter's ring")
@@ -177,37 +190,45 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
 # ------------------------------------------------------------------------------------------- the pieces
 
 def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, mstate, cache, last, key,
-          impl: AttnImpl = AttnImpl(), live=None):
+          impl: AttnImpl = AttnImpl(), live=None, signal: bool = False):
     """gamma sparse one-token forwards of the target (step 1). `live` (bool[B], optional): rows still
     decoding; finished ones skip their attention reads (`model.forward`'s `live`) and draft junk.
+    signal: also collect Dustin's draft-lookahead signal A_D (a lossy spec.verify with a tier 1).
 
     Returns:
       drafts int32[B, gamma]; q f32[B, gamma, V] processed draft distributions (None for greedy);
-      the cache with lengths advanced by gamma (the caller rolls it back before verifying).
+      the cache with lengths advanced by gamma (the caller rolls it back before verifying);
+      A_D f32[B, S] with `signal` (the draft steps' attention on the draft heads over the entries they read,
+      sparse_verify.draft_probe, summed over the steps), else None.
     """
     if spec.gamma == 0:   # "ar": nothing to draft
-        return jnp.zeros((cache.batch, 0), jnp.int32), None, cache
+        return jnp.zeros((cache.batch, 0), jnp.int32), None, cache, None
     m = _method(spec)
     sel = m.begin_round(spec, cfg, mstate, cache.lengths)
     impl = impl.for_drafts()   # verification rewrites every drafted slot: exact mode need not cover drafts
 
     def step(carry, j):
-        cache, tok, key = carry
+        cache, tok, key, a_d = carry
         key, sub = jax.random.split(key)
-        logits, cache, _ = model.forward(params, cfg, tok[:, None], cache, impl=impl, live=live,
-                                         **m.draft_kwargs(spec, sel, j))
+        probe = sparse_verify.draft_probe(spec, cfg, cache.lengths) if signal else None
+        logits, cache, aux = model.forward(params, cfg, tok[:, None], cache, impl=impl, live=live, probe=probe,
+                                           **m.draft_kwargs(spec, sel, j))
+        if "probe" in aux:
+            a_d = a_d + aux["probe"]
         logits = logits[:, 0]
         if samp.greedy:
             d, q = sampling.greedy(logits), None
         else:  # lossless rejection sampling needs drafts *sampled* from the processed q
             q = sampling.process_logits(logits, samp)
             d = sampling.draw(q, sub)
-        return (cache, d, key), (d, q)
+        return (cache, d, key, a_d), (d, q)
 
-    (cache, _, _), (drafts, q) = jax.lax.scan(step, (cache, last, key), jnp.arange(spec.gamma, dtype=jnp.int32))
+    a_d = jnp.zeros((cache.batch, cache.capacity), jnp.float32) if signal else None
+    (cache, _, _, a_d), (drafts, q) = jax.lax.scan(step, (cache, last, key, a_d),
+                                                   jnp.arange(spec.gamma, dtype=jnp.int32))
     drafts = drafts.T
     q = None if q is None else jnp.swapaxes(q, 0, 1)
-    return drafts, q, cache
+    return drafts, q, cache, a_d
 
 
 def extend(spec: SpecConfig, tokens, base, last, drafts, q):
@@ -271,6 +292,7 @@ class _Loop:
     rounds: jax.Array    # int32[B]
     hist: jax.Array      # int32[B, depth + 1]
     tokens: object = None  # int32[B, capacity] the text by cache slot (spec.lookup, not longspec)
+    verify: object = None  # sparse_verify.State (lossy spec.verify only)
 
 
 _STATIC = ("cfg", "spec", "samp", "max_new_tokens", "stop_tokens", "impl")
@@ -328,7 +350,7 @@ def rounds(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
 def finish(st: "_Loop", logits):
     """(tokens [B, max_new_tokens], n_out, SpecStats, final State) of a finished loop."""
     max_new = st.out.shape[1] - st.hist.shape[1]
-    final = State(cache=st.cache, logits=logits, method=st.mstate, tokens=st.tokens)
+    final = State(cache=st.cache, logits=logits, method=st.mstate, tokens=st.tokens, verify=st.verify)
     return st.out[:, :max_new], st.n_out, SpecStats(rounds=st.rounds, accept_hist=st.hist), final
 
 
@@ -347,7 +369,7 @@ def start(spec: SpecConfig, samp: SamplingConfig, state: State, key, max_new_tok
     out = jnp.full((B, max_new_tokens + g + 1), -1, jnp.int32).at[:, 0].set(first)
     return _Loop(cache=state.cache, mstate=state.method, last=first, out=out, n_out=jnp.ones((B,), jnp.int32),
                  done=is_stop(first) | (max_new_tokens <= 1), key=key, rounds=jnp.zeros((B,), jnp.int32),
-                 hist=jnp.zeros((B, g + 1), jnp.int32), tokens=state.tokens)
+                 hist=jnp.zeros((B, g + 1), jnp.int32), tokens=state.tokens, verify=state.verify)
 
 
 def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, impl, drafter=None) -> "_Loop":
@@ -362,15 +384,24 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
         key, k_draft, k_accept = jax.random.split(st.key, 3)
     base = st.cache.lengths
     live = ~st.done   # finished rows ride along without reading their caches (model.forward's `live`)
+    vs = st.verify   # None: dense verification, exactly the lossless program
     if is_longspec:   # drafts = the accepted path; the cache is already compacted
-        drafts, n_acc, nxt, cache, mstate = longspec.step(params, cfg, spec, samp, drafter, st.mstate, st.cache,
-                                                          st.last, live, k_draft, k_accept, impl)
+        drafts, n_acc, nxt, cache, mstate, vs = longspec.step(params, cfg, spec, samp, drafter, st.mstate, st.cache,
+                                                              st.last, live, k_draft, k_accept, impl, vs)
     else:
-        drafts, q, cache = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl, live)
+        signal = vs is not None and sparse_verify.uses_draft(spec)
+        drafts, q, cache, a_d = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl, live,
+                                      signal)
         if spec.lookup:
             drafts, q = extend(spec, st.tokens, base, st.last, drafts, q)
         cache = kv_cache.rollback(cache, base)          # verification rewrites the drafted slots
-        logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl, live)
+        if vs is None:
+            logits, cache, scores = verify(params, cfg, spec, cache, st.last, drafts, impl, live)
+        else:
+            block = jnp.concatenate([st.last[:, None], drafts], axis=1)
+            logits, cache, scores, vs = sparse_verify.forward(
+                params, cfg, spec, vs, block, cache, a_d, score_rows=_method(spec).score_rows(spec),
+                score_mode=spec.score_mode, impl=impl, live=live)
         n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
 
     # Emit d1..dn + next, cut after the first stop token and at max_new_tokens; finished rows emit nothing.
@@ -392,6 +423,8 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
         rec = lookup.commit(rec, base, block, jnp.where(live, n_acc + 1, 0))
     if not is_longspec:
         mstate = _method(spec).update(spec, st.mstate, cache, scores, base)
+    if vs is not None:
+        vs = sparse_verify.update(spec, vs, cache, base)
     hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * live[:, None].astype(jnp.int32))
     return _Loop(cache=cache, mstate=mstate, last=jnp.where(live, nxt, st.last), out=out, n_out=n_out,
-                 done=done, key=key, rounds=st.rounds + live.astype(jnp.int32), hist=hist, tokens=rec)
+                 done=done, key=key, rounds=st.rounds + live.astype(jnp.int32), hist=hist, tokens=rec, verify=vs)

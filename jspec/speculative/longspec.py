@@ -30,6 +30,7 @@ from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 from jspec.drafter.model import DrafterCache, drafter_commit, drafter_fill, drafter_node_kv, drafter_tree_step
 from jspec.speculative import lookup as lookup_lib
+from jspec.speculative import sparse_verify
 from jspec.speculative import tree as tree_lib
 from jspec.speculative.config import SpecConfig
 
@@ -50,6 +51,7 @@ class Draft:
     q: object             # f32[B, T - w_D, V] or None (greedy)
     node_k: jax.Array     # [B, T, K, H] drafter self-attention K/V of every node (root included)
     node_v: jax.Array
+    signal: object = None  # f32[B, S] Dustin's A_D: cross-attention weights on the draft heads (or None)
 
 
 def _need(drafter):
@@ -93,26 +95,36 @@ def cross_attention(cfg: ModelConfig, cache: kv_cache.KVCache, impl: AttnImpl = 
 
 
 def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, drafter, mstate: State,
-          cache: kv_cache.KVCache, last, key, impl: AttnImpl = AttnImpl(), live=None) -> Draft:
+          cache: kv_cache.KVCache, last, key, impl: AttnImpl = AttnImpl(), live=None, signal: bool = False) -> Draft:
     """Grow the round's draft tree with the drafter (step 1). Reads the cache, writes nothing to it.
-    `live` (bool[B], optional): rows still decoding; finished ones skip their cross-attention reads."""
+    `live` (bool[B], optional): rows still decoding; finished ones skip their cross-attention reads.
+    signal: also collect Dustin's A_D (Draft.signal; sparse_verify.cross_probe)."""
     dparams = _need(drafter)
     widths = spec.widths
     B = last.shape[0]
     T = 1 + sum(widths)
     dcache = mstate.dcache
     shape = (B, T, cfg.n_kv_heads, cfg.head_dim)
-    buf = (jnp.zeros(shape, dcache.k.dtype), jnp.zeros(shape, dcache.v.dtype))
+    weights = sparse_verify.cross_probe(spec, cfg, cache, live) if signal else None
+    a_d = None if weights is None else jnp.zeros((B, cache.capacity), jnp.float32)
+    buf = (jnp.zeros(shape, dcache.k.dtype), jnp.zeros(shape, dcache.v.dtype), a_d)
     # Every accepted target slot (< lengths) is visible. Drafting never needs exact mode (AttnImpl.for_drafts).
-    cross_fn = cross_attention(cfg, cache, impl.for_drafts(), live)
+    attend = cross_attention(cfg, cache, impl.for_drafts(), live)
 
     def run_level(buf, lvl, idx, tree):
         slots = jnp.broadcast_to(jnp.asarray(idx, jnp.int32), (B, len(idx)))
-        logits, nk, nv = drafter_tree_step(dparams, params, cfg, tree.tokens[:, idx], lvl, dcache, buf[0], buf[1],
-                                           slots, tree.mask[:, idx, :], cross_fn=cross_fn)
-        return logits, (nk, nv)
+        seen = []   # the level's cross queries: drafter_tree_step calls cross_fn once, inside this trace
 
-    tree, q, (nk, nv) = tree_lib.grow(widths, samp, key, last, run_level, buf)
+        def cross_fn(q):
+            seen.append(q)
+            return attend(q)
+
+        logits, nk, nv = drafter_tree_step(dparams, params, cfg, tree.tokens[:, idx], lvl, dcache, buf[0], buf[1],
+                                           slots, tree.mask[:, idx, :], cross_fn=cross_fn if weights else attend)
+        a_d = buf[2] if weights is None else buf[2] + weights(seen[0])
+        return logits, (nk, nv, a_d)
+
+    tree, q, (nk, nv, a_d) = tree_lib.grow(widths, samp, key, last, run_level, buf)
     # The last level's nodes grow nothing, so no drafter step ran them; their K/V (token and position only)
     # are still needed when a round accepts the whole depth and commits the leaf to the ring. The lookup
     # chain's nodes are never run by the drafter either: theirs come from the same projection.
@@ -127,18 +139,22 @@ def draft(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draf
     k, v = drafter_node_kv(dparams, params, cfg, tokens, dcache.lengths[:, None] + positions)
     nk = jnp.concatenate([nk[:, :leaf[0]], k.astype(nk.dtype)], axis=1)
     nv = jnp.concatenate([nv[:, :leaf[0]], v.astype(nv.dtype)], axis=1)
-    return Draft(tree=tree, q=q, node_k=nk, node_v=nv)
+    return Draft(tree=tree, q=q, node_k=nk, node_v=nv, signal=a_d)
 
 
 def verify(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, tree: tree_lib.DraftTree,
            impl: AttnImpl = AttnImpl(), live=None):
     """One target forward over the whole tree (step 2). Returns logits f32[B, T, V] and the cache (lengths
     + T; node t's K/V at slot base + t). `live` as in `draft` (model.forward's)."""
+    logits, cache, _ = model.forward(params, cfg, tree.tokens, cache, tree=_tree_input(spec, tree), impl=impl,
+                                     live=live)
+    return logits, cache
+
+
+def _tree_input(spec: SpecConfig, tree: tree_lib.DraftTree) -> model.Tree:
     B, T = tree.tokens.shape
     depth = jnp.broadcast_to(jnp.asarray(tree_lib.node_depths(spec.widths, spec.lookup)), (B, T))
-    logits, cache, _ = model.forward(params, cfg, tree.tokens, cache, tree=model.Tree(depth=depth, mask=tree.mask),
-                                     impl=impl, live=live)
-    return logits, cache
+    return model.Tree(depth=depth, mask=tree.mask)
 
 
 def accept(spec: SpecConfig, samp: SamplingConfig, d: Draft, target_logits, key):
@@ -166,12 +182,21 @@ def commit(spec: SpecConfig, d: Draft, cache: kv_cache.KVCache, base, best, n_ac
 
 
 def step(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, drafter, mstate: State,
-          cache: kv_cache.KVCache, last, active, k_draft, k_accept, impl: AttnImpl = AttnImpl()):
+          cache: kv_cache.KVCache, last, active, k_draft, k_accept, impl: AttnImpl = AttnImpl(), vstate=None):
     """draft -> verify -> accept -> commit. Returns drafts int32[B, depth] (the accepted path first),
-    n_accepted, next token, the cache (lengths still base + T) and the new State."""
+    n_accepted, next token, the cache (lengths still base + T), the new State and the verification policy's
+    state (`vstate`, sparse_verify.State with a lossy spec.verify, else None)."""
     base = cache.lengths
-    d = draft(params, cfg, spec, samp, drafter, mstate, cache, last, k_draft, impl, active)
-    logits, cache = verify(params, cfg, spec, cache, d.tree, impl, active)
+    signal = vstate is not None and sparse_verify.uses_draft(spec)
+    d = draft(params, cfg, spec, samp, drafter, mstate, cache, last, k_draft, impl, active, signal)
+    if vstate is None:
+        logits, cache = verify(params, cfg, spec, cache, d.tree, impl, active)
+    else:   # Dustin / its baselines: the tree verified against I_verify + the tree's own slots
+        tokens, signal = d.tree.tokens, d.signal
+        if signal is not None:   # A_D reads the cache the verification then updates in place: read it first
+            tokens, signal = jax.lax.optimization_barrier((tokens, signal))
+        logits, cache, _, vstate = sparse_verify.forward(params, cfg, spec, vstate, tokens, cache, signal,
+                                                         tree=_tree_input(spec, d.tree), impl=impl, live=active)
     best, n_acc, nxt = accept(spec, samp, d, logits, k_accept)
     drafts, cache, mstate = commit(spec, d, cache, base, best, n_acc, active, mstate)
-    return drafts, n_acc, nxt, cache, mstate
+    return drafts, n_acc, nxt, cache, mstate, vstate
