@@ -219,9 +219,11 @@ def static_launches(text: str) -> list[dict]:
         frames_ = list(dict.fromkeys(sources(body + [line])))
         origins = [_origin(f) for f in frames_]
         code = [linecache.getline(f[0], f[2]).strip()[:90] for f in frames_[:3]]
-        target = re.search(r'custom_call_target="([^"]+)"', rhs)
+        # a custom call may sit inside a fusion (e.g. cuBLAS behind an address-computation fusion on GPU)
+        call = rhs if op.startswith("custom-call") else next((ln for ln in body if " custom-call(" in ln), "")
+        target = re.search(r'custom_call_target="([^"]+)"', call)
         target = target.group(1) if target else ""
-        pname = re.search(r'"name":\s*"([^"]+)"', rhs)
+        pname = re.search(r'"name":\s*"([^"]+)"', call)
         group = _static_group(op, set(ops), target, pname.group(1) if pname else "", name)
         label = group if group in ("gemm", "attention") else _label(set(ops) or {op}, origins, code)
         return dict(name=name, op=op, count=mult, group=group, label=label, origins=origins[:4], code=code[:1],
@@ -231,7 +233,8 @@ def static_launches(text: str) -> list[dict]:
 
 
 def _static_group(op, ops, target, pname, name) -> str:
-    if op == "custom-call" or op == "custom-call-start":
+    """The group of a launch: a custom call by its target or Pallas kernel name, a fusion by what it fuses."""
+    if op.startswith("custom-call") or "custom-call" in ops:
         for k, g in PALLAS.items():
             if pname.startswith(k) or k in name:
                 return g
@@ -241,7 +244,7 @@ def _static_group(op, ops, target, pname, name) -> str:
         return "reduce/sort/top-k" if "topk" in low or "sort" in low else "other"
     if ops & {"dot", "convolution"}:
         return "gemm"
-    if ops & {"sort"} or op in ("sort", "reduce", "reduce-window"):
+    if ops & {"sort", "topk"} or op in ("sort", "topk", "reduce", "reduce-window"):
         return "reduce/sort/top-k"
     if ops & {"scatter", "dynamic-update-slice"} or ops <= _MOVE | {"convert"}:
         return "data movement"
