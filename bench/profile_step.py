@@ -87,9 +87,11 @@ def trace_record(calls, static_by_name, per_layer_div, top: int) -> dict:
             tops.append(dict(name=nm[:100], us=round(us, 1), count=round(cnt, 2), group=g,
                              per_layer=round(cnt / per_layer_div, 2) if per_layer_div else None,
                              label=hit["label"] if hit else None, origins=hit["origins"][:2] if hit else None))
-    kpc = statistics.median(len(c) for c in calls)
-    return dict(kernels_per_call_range=[min(len(c) for c in calls), max(len(c) for c in calls)], device_ms=round(statistics.median(busy) / 1e3, 4), span_ms=round(statistics.median(span) / 1e3, 4),
-                kernels_per_call=kpc, kernels_per_layer=round(kpc / per_layer_div, 2) if per_layer_div else None,
+    counts = [len(c) for c in calls]
+    kpc = statistics.median(counts)
+    return dict(device_ms=round(statistics.median(busy) / 1e3, 4), span_ms=round(statistics.median(span) / 1e3, 4),
+                kernels_per_call=kpc, kernels_per_call_range=[min(counts), max(counts)],
+                kernels_per_layer=round(kpc / per_layer_div, 2) if per_layer_div else None,
                 by_group={g: dict(us=round(v[0], 1), count=round(v[1], 2),
                                   per_layer=round(v[1] / per_layer_div, 2) if per_layer_div else None)
                           for g, v in sorted(groups.items(), key=lambda kv: -kv[1][0])},
@@ -228,6 +230,7 @@ class Runner:
         self.lengths = jnp.asarray([len(t) for t in rows], jnp.int32)
         self.last = jnp.asarray([t[-1] for t in rows], jnp.int32)
         self.live, self.key = jnp.ones((B,), bool), jax.random.key(0)
+        self.drafts = jnp.tile(self.last[:, None], (1, S.specs["vegas"].gamma))   # any tokens: the cost is the same
         self.st = compiled["build"](S.params, jnp.asarray(toks), self.lengths)
         self.ls = compiled["build_longspec"](S.drafter, S.params, jnp.asarray(toks), self.lengths) \
             if "build_longspec" in compiled else None
@@ -238,6 +241,9 @@ class Runner:
     def call(self, kind):
         """A zero-argument function running one call of `kind` (the cache kept in self.box)."""
         C, p, box = self.C[kind], self.S.params, self.box
+        for needs, key in (("vegas_verify", "scores"), ("longspec_draft", "tree")):   # inputs made by another kind
+            if NEEDS.get(kind) == needs and key not in box:
+                jax.block_until_ready(self.call(needs)())
         if kind.endswith("_round"):
             method = kind[:-len("_round")]
             ms = {"ar": (), "streaming": (), "vegas": self.st.method, "longspec": self.ls}[method]
@@ -255,8 +261,7 @@ class Runner:
                 tok, box["cache"] = C(p, box["cache"], self.last, self.live, *extra)
                 return tok
             if kind == "vegas_verify":
-                drafts = jnp.tile(self.last[:, None], (1, self.S.specs["vegas"].gamma))
-                tok, box["cache"], box["scores"] = C(p, box["cache"], self.last, drafts, self.live)
+                tok, box["cache"], box["scores"] = C(p, box["cache"], self.last, self.drafts, self.live)
                 return tok
             if kind == "vegas_select":
                 return C(box["scores"], self.lengths)
@@ -270,17 +275,16 @@ class Runner:
             raise ValueError(kind)
         return run
 
-    def done(self, kind):
+    def done(self):
         if "loop" in self.box:   # back from the loop carry to the bare cache
             self.box["cache"] = self.box.pop("loop").cache
-
 
 
 # --- measuring ----------------------------------------------------------------------------------------------------
 
 def measure(run, *, reps: int, trace_calls: int):
-    """(median wall seconds per call over `reps` samples of back-to-back calls, the traced calls' device kernels
-    split per call or None without tracing). Two warm-up calls first."""
+    """(median wall seconds per call over `reps` samples of back-to-back calls, (the traced calls' device kernels
+    split per call, the device threads read) or ([], []) without tracing). Two warm-up calls first."""
     for _ in range(2):
         jax.block_until_ready(run())
     t = time.perf_counter()
@@ -347,7 +351,7 @@ def profile_kind(run: "Runner", kind: str, spec, *, trace_calls: int, reps: int,
         rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         return rec
     finally:
-        run.done(kind)
+        run.done()
     rec["wall_ms"] = round(wall * 1e3, 4)
     if calls:
         rec.update(trace_record(calls, hlo_fusions.trace_names(launches), div, top), trace_threads=threads)
@@ -366,6 +370,7 @@ def profile(*, out: str, model_name: str = "smollm2-135m", tiny: bool = False, L
     bad = set(kinds) - set(KINDS + EXTRA_KINDS)
     if bad:
         raise SystemExit(f"error: unknown step kinds {sorted(bad)}; known: {', '.join(KINDS + EXTRA_KINDS)}")
+    kinds = [k for k in KINDS + EXTRA_KINDS if k in kinds]   # a kind's inputs come from kinds before it
     S = setup(model_name=model_name, tiny=tiny, L=L, B=max(batches), texts=texts, gamma=gamma)
     if jax.devices()[0].platform != "gpu":
         trace_calls = 0
@@ -389,7 +394,8 @@ def profile(*, out: str, model_name: str = "smollm2-135m", tiny: bool = False, L
                 S.specs.get(kind.split("_")[0], S.specs["vegas"])
             if run is None or kind not in mine:
                 rec = common.base_record(kind=kind, B=B, L=L,
-                                         error=why if run is None else errors.get(f"{B}/{kind}", "?"))
+                                         error=why if run is None else errors.get(
+                                             f"{B}/{kind}", "an input's program did not compile: settings.compile_errors"))
                 records.append(rec)
                 print(f"B={B:<3} {kind:<21} error: {rec['error'][:200]}", flush=True)
                 continue
