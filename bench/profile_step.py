@@ -31,9 +31,16 @@ RoPE / cache-append / residual fusions). A trace kernel is matched to its HLO in
 kernels carry their origin too. The static count is an estimate of kernels per call: a cuBLAS GEMM or a Pallas
 call may launch more than one kernel.
 
+Summary keys per B: `<kind>_ms_B<B>` (wall), `<kind>_device_ms_B<B>`, `kernels_per_<kind>_B<B>` (traced) and
+`static_launches_<kind>_B<B>`, e.g. kernels_per_plain_step_B64, plain_step_ms_B64, draft_step_ms_B64.
+
 On a CPU the trace has no device kernels: the tool then gives wall times and static counts only (--tiny: a
-2-layer random model at L=192, B=2, for tests). On the H200 (after bench/gpu.sh's staging, whose JSPEC_COMMIT
-the result file needs), the defaults take about 3-4 minutes, compiles included (compiled in a thread pool).
+2-layer random model at L=192, B=2, for tests). On the H200, after bench/gpu.sh's staging (stage1..3), from the
+repo root, one call (the programs of all batch sizes compile together in a thread pool first; estimated 3-4
+minutes; --time-budget S records the kinds still unmeasured after S seconds as skipped):
+
+    JSPEC_COMMIT=<sha:hash> JSPEC_CACHE=/root/jspec-cache PYTHONPATH=/tmp/site:. \
+        python3 bench/profile_step.py --texts /root/jspec-cache/corpus --out $OUT/profile_step_h200.json
 """
 from __future__ import annotations
 
