@@ -153,14 +153,16 @@ def _label(ops: set, origins: list, code: list) -> str:
         return "cache append" + (" (scatter)" if ops & {"scatter", "dynamic-update-slice"} else " (indices)")
     if ops & {"scatter", "dynamic-update-slice"}:
         return "scatter/DUS"
-    if funcs and funcs <= {"rms_norm"}:
-        return "RMSNorm"
+    if "rms_norm" in funcs:   # alone, or with the residual add before it (XLA fuses the two on GPU)
+        rest = funcs - {"rms_norm"}
+        return "RMSNorm" + (" + residual add" if rest == {"forward"} and "add" in ops else
+                            "".join(f" + {f}" for f in sorted(rest)))
     if "rope" in funcs:
         return "RoPE" + (" + " + ", ".join(sorted(funcs - {"rope"})) if funcs - {"rope"} else "")
     if "logistic" in ops or "_gate_up" in funcs:
         return "SiLU*mul"
-    if "attention.py" in files:
-        return "attention glue"
+    if files & {"attention.py", "flash_scores.py", "sparse_attention.py", "tree_attention.py"}:
+        return "attention glue"   # around the kernels (pads, slices, the split combine) or the XLA path
     if funcs == {"forward"} and "add" in ops and not ops & {"reduce", "gather", "dot"}:
         return "residual add"
     if "gather" in ops:
@@ -223,8 +225,10 @@ def static_launches(text: str) -> list[dict]:
         call = rhs if op.startswith("custom-call") else next((ln for ln in body if " custom-call(" in ln), "")
         target = re.search(r'custom_call_target="([^"]+)"', call)
         target = target.group(1) if target else ""
-        pname = re.search(r'"name":\s*"([^"]+)"', call)
-        group = _static_group(op, set(ops), target, pname.group(1) if pname else "", name)
+        pname = re.search(r'"name":\s*"([^"]+)"', call)   # a Pallas kernel's name, in its backend config ...
+        opname = re.search(r'op_name="([^"]*)"', call)      # ... or in the jax op path (jit(flash_scores_kernel))
+        group = _static_group(op, set(ops), target, (pname.group(1) if pname else "") + " " +
+                              (opname.group(1) if opname else ""))
         label = group if group in ("gemm", "attention") else _label(set(ops) or {op}, origins, code)
         return dict(name=name, op=op, count=mult, group=group, label=label, origins=origins[:4], code=code[:1],
                     ops=dict(ops.most_common(8)), target=target or None)
@@ -232,11 +236,11 @@ def static_launches(text: str) -> list[dict]:
     return walk(entry, 1)
 
 
-def _static_group(op, ops, target, pname, name) -> str:
+def _static_group(op, ops, target, names) -> str:
     """The group of a launch: a custom call by its target or Pallas kernel name, a fusion by what it fuses."""
     if op.startswith("custom-call") or "custom-call" in ops:
         for k, g in PALLAS.items():
-            if pname.startswith(k) or k in name:
+            if k in names:
                 return g
         low = target.lower()
         if any(s in low for s in _GEMM_NAMES):
