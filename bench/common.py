@@ -181,3 +181,32 @@ def trace_table(fn, n: int = 1) -> dict:
     jax.profiler.stop_trace()
     trace = read_trace(d)
     return kernel_table(trace, n) if trace else {}
+
+
+_DERIVED = ("xla op", "xla module", "tensorflow", "framework", "steps", "source")   # XProf's per-op summary lines
+
+
+def device_calls(trace, n_calls: int):
+    """The trace's device kernels split into n_calls calls at the n_calls - 1 widest gaps (the caller separates
+    calls by a sleep): (a list per call of (name, start us, duration us), the device thread names read). Only
+    stream threads are read when the trace names them, else every thread but XProf's derived per-op lines,
+    which would count each kernel twice."""
+    events, pname = trace
+    dev = {p for p, n in pname.items() if _is_device(n)}
+    threads = {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("pid") in dev}
+    streams = {k for k, n in threads.items() if "stream" in n.lower()}
+    derived = {k for k, n in threads.items() if any(d in n.lower() for d in _DERIVED)}
+    read = (lambda k: k in streams) if streams else (lambda k: k not in derived)   # noqa: E731
+    ks = sorted((float(e.get("ts", 0)), float(e.get("dur", 0)), e["name"]) for e in events
+                if e.get("ph") == "X" and e.get("pid") in dev and read((e["pid"], e.get("tid"))))
+    if not ks:
+        return [], []
+    end, gaps = ks[0][0] + ks[0][1], []
+    for i in range(1, len(ks)):
+        gaps.append((ks[i][0] - end, i))
+        end = max(end, ks[i][0] + ks[i][1])
+    cuts = sorted(i for _, i in sorted(gaps, reverse=True)[:n_calls - 1])
+    bounds = [0] + cuts + [len(ks)]
+    return [[(nm, ts, d) for ts, d, nm in ks[a:b]] for a, b in zip(bounds, bounds[1:])], \
+        sorted({n for k, n in threads.items() if read(k)})

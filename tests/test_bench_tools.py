@@ -1,5 +1,5 @@
 """bench/hlo_fusions.py: reading what XLA fused from a real optimized-HLO dump (CPU, a few seconds); bench/common.py's
-profiler-trace tables on a hand-built trace."""
+profiler-trace tables on a hand-built trace; bench/profile_step.py end to end on a tiny model (CPU, ~30 s)."""
 import glob
 import os
 import re
@@ -82,3 +82,65 @@ def test_kernel_table_sums_device_events_per_call(tmp_path):
     assert common.read_trace(str(tmp_path / "plugins" / "none")) is None
     assert [common.kind(n) for n in ("flash_scores_kernel", "nvjet_tst_64x8", "loop_pad_fusion_3", "memset32")] == \
         ["flash_scores", "gemm", "other fusion", "memcpy"]
+
+
+def _write_trace(root, events):
+    import gzip
+    import json
+    d = root / "plugins" / "profile" / "run"
+    d.mkdir(parents=True)
+    with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return common.read_trace(str(root))
+
+
+def test_device_calls_split_per_call_and_skip_derived_lines(tmp_path):
+    """Two calls of three kernels, 3 ms apart: split at the widest gap; XProf's derived "XLA Ops" line on the same
+    device is not read (it would count each kernel twice); per-call median device time and span; kernel groups
+    from the static launches when the name matches an HLO instruction, else from the kernel's own name."""
+    from bench import profile_step
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #7(Compute)"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 9, "args": {"name": "XLA Ops"}}]
+    kernels = []
+    for t0 in (0.0, 3000.0):
+        for j, (name, dur) in enumerate((("nvjet_tst_64x8", 10.0), ("loop_add_fusion_3", 2.0),
+                                         ("flash_scores", 20.0))):
+            kernels.append({"ph": "X", "pid": 1, "tid": 7, "name": name, "ts": t0 + 15.0 * j, "dur": dur})
+            kernels.append({"ph": "X", "pid": 1, "tid": 9, "name": "add.3", "ts": t0 + 15.0 * j, "dur": dur})
+    calls, threads = common.device_calls(_write_trace(tmp_path, meta + kernels), 2)
+    assert threads == ["Stream #7(Compute)"]
+    assert [[k[0] for k in c] for c in calls] == [["nvjet_tst_64x8", "loop_add_fusion_3", "flash_scores"]] * 2
+    static = {"loop_add_fusion_3": {"group": "fusion", "label": "residual add", "origins": ["model.py:231 forward"]}}
+    rec = profile_step.trace_record(calls, static, per_layer_div=3, top=5)
+    assert rec["kernels_per_call"] == 3 and rec["kernels_per_layer"] == 1.0
+    assert rec["device_ms"] == 0.032 and rec["span_ms"] == 0.05
+    assert {g: v["count"] for g, v in rec["by_group"].items()} == {"gemm": 1, "fusion": 1, "attention": 1}
+    assert rec["top_kernels"][0]["name"] == "flash_scores"
+    assert [k["label"] for k in rec["top_kernels"] if k["name"] == "loop_add_fusion_3"] == ["residual add"]
+
+
+def test_profile_step_tiny_on_cpu(tmp_path, monkeypatch):
+    """The whole tool on a 2-layer random model: every step kind gets a record with a wall time and a static
+    launch count read from its compiled program, with origins in jspec's source; a vegas round (gamma sparse
+    forwards + a verification + selection) launches more than one plain step."""
+    import json
+    from bench import profile_step
+    monkeypatch.setenv("JSPEC_ALLOW_DIRTY", "1")
+    out = tmp_path / "profile_step.json"
+    res = profile_step.profile(out=str(out), tiny=True, L=192, batches=(2,), reps=1, trace_calls=0)
+    doc = json.loads(out.read_text())
+    assert doc["provenance"] and doc["complete"] and doc["summary"] == res["summary"]
+    recs = {r["kind"]: r for r in doc["records"]}
+    assert set(recs) == set(profile_step.KINDS)
+    for kind, r in recs.items():
+        assert "error" not in r, (kind, r.get("error"))
+        assert r["wall_ms"] > 0 and r["static"]["launches"] > 0, kind
+        assert sum(n for n, _ in r["static"]["by_group"].values()) == r["static"]["launches"], kind
+    plain, vround = recs["plain_step"]["static"], recs["vegas_round"]["static"]
+    assert vround["launches"] > plain["launches"]
+    assert plain["by_group"]["gemm"][0] >= 4 * 2          # qkv, wo, gate/up, down per layer (+ the head)
+    assert plain["written_in"]["cache append (scatter)"][0] == 2 * 2   # k and v per layer: a real property
+    assert any(o.startswith("model.py:") for o, _, _ in plain["by_origin"])
+    s = doc["summary"]
+    assert s["static_launches_vegas_round_B2"] == vround["launches"] and s["plain_step_ms_B2"] > 0
