@@ -13,8 +13,12 @@
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
-#   heads            Dustin: `jspec profile-heads` at L=8000, budget 512 (drafter self, vegas reads) -> $OUT/
-#                    dustin_heads_h200.json + .png; also kept in $C for a later `fidelity` call on the warm machine
+#   heads            Dustin: `jspec profile-heads` at L=8000, budget 512, for the self drafter (vegas reads) and the
+#                    LongSpec drafter -> $OUT/dustin_heads_{self,longspec}_h200.json + .png; also kept in $C for
+#                    later `dustin64` / `fidelity` calls on the warm machine
+#   dustin64         Dustin end-to-end at L=7936, B=64: vegas (pages of 8) and longspec, each verified densely and by
+#                    Dustin with its `heads` profile (budget 512), and ar through the old loop (ar:loop=decode)
+#   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_h200.json
 #   fidelity         Dustin: `jspec fidelity` teacher-forced at L=$LENGTHS (default 2048,4096,8000), budgets
 #                    128..1024, with $C's profile when `heads` ran before -> $OUT/dustin_fidelity_h200.json + .png
 set -uo pipefail
@@ -47,11 +51,17 @@ for mode in "$@"; do
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths 7936 --batches 64 ;;
-    heads) tool heads "${T_RUN:-560}" profile-heads --texts $C/corpus --length 8000 --budget 512 \
-             --out $C/dustin_heads_h200.json && cp $C/dustin_heads_h200.json $C/dustin_heads_h200.png "$OUT/" ;;
-    fidelity) prof=$([ -f $C/dustin_heads_h200.json ] && echo "--profile $C/dustin_heads_h200.json")
+    heads) for d in self longspec; do
+             tool "heads_$d" "${T_RUN:-270}" profile-heads --texts $C/corpus --length 8000 --budget 512 --drafter $d \
+               --out $C/dustin_heads_${d}_h200.json && cp $C/dustin_heads_${d}_h200.json $C/dustin_heads_${d}_h200.png "$OUT/"
+           done ;;
+    dustin64) P=$C/dustin_heads ; run dustin64 "${T_RUN:-560}" --lengths 7936 --batches 64 --methods \
+                "ar:loop=decode,vegas:select_page=8,vegas:select_page=8,profile=${P}_self_h200.json,longspec,longspec:profile=${P}_longspec_h200.json" ;;
+    profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
+               --out "$OUT/profile_step_h200.json" 2>&1 | grep -v Warning | tee "$OUT/profile_step_h200_log.txt" | tail -25 ;;
+    fidelity) prof=$([ -f $C/dustin_heads_self_h200.json ] && echo "--profile $C/dustin_heads_self_h200.json")
               tool fidelity "${T_RUN:-560}" fidelity --texts $C/corpus --lengths "${LENGTHS:-2048,4096,8000}" \
-                --budgets 128,256,512,1024 $prof --out "$OUT/dustin_fidelity_h200.json" ;;
+                --budgets 128,256,512,1024 --draft-signal "${SIGNAL:-vegas}" $prof --out "$OUT/dustin_fidelity_h200.json" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done
