@@ -1,6 +1,7 @@
 """How fast are the Pallas attention kernels on one GPU, against cuDNN and XLA? (docs/kernels.md, docs/performance.md)
 
     PYTHONPATH=. python bench/kernels.py --out bench/results/kernels_h200.json [--quick] [--reps 5] [--time-budget S]
+                                         [--only verify,tree,flash] [--tiny]
     python bench/plot_kernels.py bench/results/kernels_h200.json
 
 Shapes: SmolLM2-135M (N=9, K=3, H=64) and Llama-3-8B (N=32, K=8, H=128) attention layers, bf16 caches
@@ -11,6 +12,29 @@ of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.
                  speedup over full flash attention (T=5, no scores) at the same S.
   tree           n in {16, 64, 128} tree tokens after a 32K-n prefix vs dense masked attention (the XLA
                  f32 reference with the explicit full mask; also jax.nn.dot_product_attention(xla) in bf16).
+  verify         How much faster is one Dustin verification's attention than a dense one, estimation
+                 included, and what share of a dense verification does the estimation cost? (issue 30, 8b;
+                 the paper reports 27.85x at Llama-3-8B, S = 32K, B = 16, budget 512.) Llama-3-8B layers,
+                 B = 16, S = 32K (then 128K, 8K and B = 1 at budget 512 only), a chain of T = 5 rows
+                 (gamma 4), budgets 512 / 256 / 1024 / 128, Verify defaults (sink 4, window 64, tier 1 half
+                 the free slots), each through the entry jspec's verification forward calls (`verify_case`):
+                   verify_dense   attention.full over the whole cache (flash_scores kernel), one layer
+                   verify_sparse  attention.sparse over the budget's I_verify + the causal tail
+                                  (sparse_attention kernel), one layer
+                   verify_probe   the A_T estimate: the verification's own probe (dustin.head_weights of rows
+                                  0 and T-1 over the prefix) on every target head; heads "srh4" (4 heads in 4
+                                  (layer, KV group) pairs over 2 layers: assumed typical profile), "srh10" (10
+                                  groups: the profiler's default 2% estimation cap at 8B), "default" (no profile:
+                                  all 32 heads of 2 layers)
+                   verify_select  the selection (dustin.select_verify via sparse_verify._select), B rows
+                 Counting: probe and select run once per verification for all 32 layers (one I_verify serves
+                 every layer; the probe covers all target layers), attention once per layer. "dustin_verify"
+                 records both figures: per layer, dense / (estimation + sparse); whole verification,
+                 32 x dense / (estimation + 32 x sparse). The summary's verify_attention_speedup_8b_32k_b16 is
+                 the whole-verification one (srh4, budget 512) and estimation_overhead_frac is
+                 estimation / (32 x dense). What is left out: the lax.cond between the dense and sparse
+                 branches, A_D (the drafts' own forwards produce it) and the rest of the layer (projections,
+                 MLP). `--tiny` runs only this section on N=4, K=2, H=64, B=2, S=512 (interpret mode on CPU).
 Every timing: jit compiled (AOT) outside the timed region, 2 warm-up calls, then the median over `reps`
 samples of back-to-back calls (enough per sample to last >= 5 ms, so launch overhead is amortised as
 it is in a real decode step). Each measurement is guarded: a failure becomes a record with "error".
@@ -36,6 +60,7 @@ MODELS = {"smollm2-135m": (9, 3, 64), "llama-3-8b": (32, 8, 128)}  # N, K, H
 DTYPE = jnp.bfloat16
 MEM_LIMIT = 60e9
 SUMMARY_MODEL = "llama-3-8b"
+SECTIONS = ("verify", "tree", "flash")   # --only: flash = the flash_scores and sparse section
 
 
 def _log(msg):
@@ -89,7 +114,7 @@ class Runner:
 
 
 def _fields(f):
-    return " ".join(f"{k}={v}" for k, v in f.items() if k in ("model", "B", "S", "T", "n", "budget"))
+    return " ".join(f"{k}={v}" for k, v in f.items() if k in ("model", "B", "S", "T", "n", "budget", "heads"))
 
 
 def _cache(key, B, S, K, H):
@@ -189,6 +214,189 @@ def bench_tree(run: Runner, model, B, S, ns):
     del k, v
 
 
+# ------------------------------------------------------------------------------------ verify (Dustin, part 8b)
+
+VERIFY_SHAPES = {**MODELS, "tiny": (4, 2, 64)}                     # N, K, H ("tiny": the CPU check)
+VERIFY_LAYERS = {"smollm2-135m": 30, "llama-3-8b": 32, "tiny": 4}   # n_layers: one verification's attention
+VERIFY_T = 5                                                       # a chain of gamma = 4 drafts + the bonus row
+VERIFY_HEADS = ("srh4", "srh10", "default")
+SUMMARY_HEADS = "srh4"
+
+
+def verify_heads(variant: str, N: int, K: int, n_layers: int) -> tuple:
+    """The (layer, q_head) target heads of one estimation variant, layers renumbered 0.. (the bench's stacked
+    key cache holds only the layers the estimation reads; which layer it is does not change the cost):
+      srh4     4 retrieval heads in 4 distinct (layer, KV group) pairs over 2 layers: a typical profile
+               (`jspec profile-heads` keeps adding heads only while ARR gains; assumed, not measured here)
+      srh10    10 heads, 10 distinct (layer, group) pairs over 5 layers: the most the profiler's default
+               estimation budget allows (estimation_frac 0.02 -> floor(0.02 * 2 * 32 * 8) = 10 groups at 8B)
+      default  no profile: every q-head of 2 layers (`sparse_verify.default_heads`), 2 * K groups."""
+    from jspec.speculative import sparse_verify
+    G = N // K
+    if variant == "default":
+        target, _ = sparse_verify.default_heads(n_layers, N)
+        layers = sorted({l for l, _ in target})
+        return tuple((layers.index(l), h) for l, h in target)
+    n_layers_used = {"srh4": 2, "srh10": 5}[variant]
+    groups = sorted({0, K // 2})                  # two distinct KV groups per layer
+    return tuple((l, g * G) for l in range(n_layers_used) for g in groups)
+
+
+def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0):
+    """One verification's attention at (model, B, S) as jspec runs it, through the same entries:
+    {part: (fn, args)} with parts
+      "dense"             `jspec.attention.full`: T = 5 rows over the whole cache (bottom-right causal), one layer
+                          (the lossless verification; no score rows): the flash_scores kernel
+      ("sparse", budget)  `jspec.attention.sparse`: the same rows over I_verify (`budget` slots, chosen by the
+                          library's selection from random signals, outside the timing) + the causal tail, one
+                          layer: the sparse_attention kernel
+      ("probe", heads)    what Dustin adds to a verification's layers to estimate A_T: the verification's own probe
+                          (`sparse_verify._target_probe`: `dustin.head_weights` of rows 0 and T-1 on the target
+                          heads over the prefix) on every target layer, summed as model.forward sums it: once per
+                          verification, all target layers together
+      ("select", budget)  `sparse_verify._select`: I_verify from A_D and A_T (`dustin.select_verify`: sink, window,
+                          tier 1 by A_D, tier 2 by A_T), once per verification for every layer
+    Cache: bf16 [1, B, S, K, H] (layer 0 of a stacked cache, read in place as the model reads it), every sequence
+    at kv_len = S with the T verified tokens in its last slots (prefix base = S - T); the probes read a stack of
+    their own target layers' keys. `Verify` defaults otherwise (sink 4, window 64, tier 1 = half the free
+    slots, page 1). "meta": sizes for the records, "idx": each budget's selection (idx, n_valid)."""
+    from types import SimpleNamespace
+
+    from jspec import attention
+    from jspec.speculative import sparse_verify
+    from jspec.speculative.config import SpecConfig, Verify
+    N, K, H = VERIFY_SHAPES[model]
+    n_layers, T = VERIFY_LAYERS[model], VERIFY_T
+    G = N // K
+    heads = {hv: verify_heads(hv, N, K, n_layers) for hv in heads_variants}
+    n_est = max(1 + max(l for l, _ in hs) for hs in heads.values())
+    cfg = SimpleNamespace(n_layers=n_layers, n_heads=N)   # all that `sparse_verify.heads` reads
+    impl = attention.AttnImpl(backend="pallas", interpret=interpret)
+    keys = jax.random.split(jax.random.key(key), 6)
+    k, v = _cache(keys[0], B, S, K, H)
+    k_all, v_all = k[None], v[None]
+    draw = jax.jit(jax.vmap(lambda kk: jax.random.normal(kk, (S, K, H), DTYPE)))
+    k_est = jnp.stack([draw(jax.random.split(kk, B)) for kk in jax.random.split(keys[1], n_est)])
+    q = jax.random.normal(keys[2], (B, T, N, H), DTYPE)
+    q_est = jax.random.normal(keys[3], (n_est, B, T, N, H), DTYPE)   # each target layer's own queries
+    kv_len = jnp.full((B,), S, jnp.int32)
+    base = kv_len - T
+    a_d = jax.random.uniform(keys[4], (B, S), jnp.float32)
+    a_t = jax.random.uniform(keys[5], (B, S), jnp.float32)
+
+    def spec_of(budget, hv=None):
+        return SpecConfig(method="vegas", gamma=T - 1, verify=Verify(
+            kind="dustin", budget=budget, target_heads=heads[hv or heads_variants[0]]))
+
+    def select_fn(spec):
+        def select(a_d, a_t, base):
+            vs = sparse_verify.State(a_t=a_t, rounds=jnp.ones((), jnp.int32))
+            sel = sparse_verify._select(spec, cfg, vs, a_d, base)["sparse"]
+            return sel.idx, sel.n_valid
+        return select
+
+    def probe_fn(spec, n):
+        def probe(q_est, k_est, base):
+            p = sparse_verify._target_probe(spec, cfg, base)
+            got = [p(l, q_est[l], k_est, None) for l in range(n)]
+            return sum(got[1:], got[0])
+        return probe
+
+    def dense(q, k_all, v_all, kv_len):
+        return attention.full(q, k_all, v_all, 0, kv_len, impl=impl)[0]
+
+    def sparse(q, k_all, v_all, kv_len, idx, n_valid):
+        return attention.sparse(q, k_all, v_all, 0, kv_len, idx, n_valid, impl=impl)
+
+    v0 = spec_of(budgets[0]).verify
+    case = dict(dense=(dense, (q, k_all, v_all, kv_len)), idx={},
+                meta=dict(N=N, K=K, H=H, T=T, n_layers=n_layers, sink=v0.sink, window=v0.window,
+                          kv_bytes=2 * B * S * K * H * 2, qo_bytes=2 * B * T * N * H * 2, select_bytes=2 * B * S * 4))
+    for budget in budgets:
+        select = select_fn(spec_of(budget))
+        idx, n_valid = case["idx"][budget] = jax.jit(select)(a_d, a_t, base)
+        case["select", budget] = (select, (a_d, a_t, base))
+        case["sparse", budget] = (sparse, (q, k_all, v_all, kv_len, idx, n_valid))
+        case["meta"]["gathered", budget] = 2 * B * (budget + T) * K * H * 2 + 2 * B * T * N * H * 2
+    for hv, hs in heads.items():
+        n = 1 + max(l for l, _ in hs)
+        groups = len({(l, h // G) for l, h in hs})
+        case["probe", hv] = (probe_fn(spec_of(budgets[0], hv), n), (q_est, k_est, base))
+        case["meta"]["heads", hv] = dict(heads=hv, n_target_heads=len(hs), target_layers=n, target_groups=groups,
+                                         probe_bytes=groups * B * S * H * 2)
+    return case
+
+
+def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret=False):
+    """Dense verification attention vs Dustin's (estimation + sparse attention) at one (model, B, S): the timed
+    parts (kernel = verify_dense / verify_sparse / verify_select per budget / verify_probe per heads variant) and
+    one derived "dustin_verify" record per (budget, heads variant) with the per-layer and whole-verification
+    ratios (`_dustin_record`)."""
+    N, K, H = VERIFY_SHAPES[model]
+    kv_bytes = 2 * B * S * K * H * 2
+    shape = dict(model=model, B=B, S=S, N=N, K=K, H=H, T=VERIFY_T)
+    n_est = max(1 + max(l for l, _ in verify_heads(hv, N, K, VERIFY_LAYERS[model])) for hv in heads_variants)
+    need = kv_bytes * (1 + n_est / 2) * 1.3   # the layer's K and V, the target layers' keys, f32 scratch
+    try:
+        if need > MEM_LIMIT:
+            raise MemoryError(f"needs ~{need / 1e9:.0f} GB > {MEM_LIMIT / 1e9:.0f} GB")
+        case = verify_case(model, B, S, budgets, heads_variants, interpret=interpret, key=S + B)
+    except Exception as e:   # building the inputs failed: one record, the run goes on
+        run.records.append(base_record(kernel="dustin_verify", error=f"{type(e).__name__}: {str(e)[:400]}", **shape))
+        _log(f"verify {model} B={B} S={S}: {run.records[-1]['error'][:160]}")
+        return
+    meta = case["meta"]
+    dense = run.measure("verify_dense", *case["dense"], bytes_moved=meta["kv_bytes"] + meta["qo_bytes"],
+                        mem=kv_bytes, **shape)
+    probes = {}
+    for hv in heads_variants:
+        hm = meta["heads", hv]
+        probes[hv] = run.measure("verify_probe", *case["probe", hv], bytes_moved=hm["probe_bytes"], mem=0,
+                                 heads=hv, n_target_heads=hm["n_target_heads"], target_layers=hm["target_layers"],
+                                 target_groups=hm["target_groups"], **shape)
+    for budget in budgets:
+        sparse = run.measure("verify_sparse", *case["sparse", budget], bytes_moved=meta["gathered", budget], mem=0,
+                             budget=budget, **shape)
+        select = run.measure("verify_select", *case["select", budget], bytes_moved=meta["select_bytes"], mem=0,
+                             budget=budget, sink=meta["sink"], window=meta["window"], **shape)
+        for hv in heads_variants:
+            run.records.append(_dustin_record(dense, sparse, select, probes[hv], meta, meta["heads", hv],
+                                              budget=budget, **shape))
+    del case
+
+
+def _dustin_record(dense, sparse, select, probe, meta, hm, **shape):
+    """The derived comparison; L = n_layers:
+      estimation_ms = probe + select (both once per verification; timed apart, summed)
+      speedup_per_layer          dense / (estimation + sparse): as if one layer carried the whole estimation
+      attention_speedup_per_layer dense / sparse (no estimation)
+      speedup_verification       L * dense / (estimation + L * sparse): the whole verification's attention
+      estimation_frac            estimation / (L * dense): share of a dense verification's attention
+      estimation_frac_per_layer  estimation / dense"""
+    L = meta["n_layers"]
+    rec = base_record(kernel="dustin_verify", dtype=jnp.dtype(DTYPE).name, heads=hm["heads"],
+                      n_target_heads=hm["n_target_heads"], target_groups=hm["target_groups"], n_layers=L,
+                      sink=meta["sink"], window=meta["window"], **shape)
+    parts = dict(dense=dense, sparse=sparse, select=select, probe=probe)
+    missing = [k for k, r in parts.items() if not r or "time_ms" not in r]
+    if missing:
+        rec["error"] = "missing part(s): " + ", ".join(
+            f"{k} ({(parts[k] or {}).get('error', (parts[k] or {}).get('skipped', 'not run'))[:80]})" for k in missing)
+    else:
+        d, s = dense["time_ms"], sparse["time_ms"]
+        est = probe["time_ms"] + select["time_ms"]
+        rec.update(dense_ms=d, sparse_ms=s, probe_ms=probe["time_ms"], select_ms=select["time_ms"],
+                   estimation_ms=round(est, 4),
+                   speedup_per_layer=round(d / (est + s), 3), attention_speedup_per_layer=round(d / s, 3),
+                   dense_verification_ms=round(L * d, 4), dustin_verification_ms=round(est + L * s, 4),
+                   speedup_verification=round(L * d / (est + L * s), 3),
+                   estimation_frac=round(est / (L * d), 5), estimation_frac_per_layer=round(est / d, 4))
+    _log(f"{'dustin_verify':28s} {_fields(shape)} heads={hm['heads']} -> "
+         + (f"x{rec['speedup_verification']} per verification, est {100 * rec['estimation_frac']:.2f}%"
+            if "error" not in rec else rec["error"][:160]))
+    return rec
+
+
 def hbm_copy_gbps(reps) -> float | None:
     """Measured device copy bandwidth (read + write of a 4 GB buffer)."""
     try:
@@ -205,6 +413,31 @@ def _find(records, **want):
         if all(r.get(k) == v for k, v in want.items()) and "time_ms" in r:
             return r
     return None
+
+
+def verify_summary(records, model, B, S, budget=512, heads=SUMMARY_HEADS) -> dict:
+    """The verify section's summary keys at one shape (empty when its dustin_verify record has no timing).
+    `verify_attention_speedup_8b_32k_b16` and `estimation_overhead_frac` count the whole verification:
+    n_layers x dense per layer vs estimation once + n_layers x sparse per layer (`_dustin_record`)."""
+    rows = [r for r in records if r["kernel"] == "dustin_verify" and "speedup_verification" in r
+            and r["model"] == model and r["B"] == B and r["S"] == S]
+    main = [r for r in rows if r["budget"] == budget and r["heads"] == heads]
+    if not main:
+        return {}
+    r = main[0]
+    return {"verify_attention_speedup_8b_32k_b16": r["speedup_verification"],
+            "estimation_overhead_frac": r["estimation_frac"],
+            "verify_attention_at": dict(model=model, B=B, S=S, T=r["T"], budget=budget, heads=heads,
+                                        n_target_heads=r["n_target_heads"], n_layers=r["n_layers"],
+                                        counted="whole verification: n_layers x dense per layer vs estimation "
+                                                "(probe + select) once + n_layers x sparse per layer"),
+            "verify_attention_parts_ms": {k: r[k] for k in ("dense_ms", "sparse_ms", "probe_ms", "select_ms",
+                                                           "estimation_ms")},
+            "verify_attention_speedup_per_layer": r["speedup_per_layer"],
+            "verify_attention_speedup_by": {f"budget={x['budget']} heads={x['heads']}": x["speedup_verification"]
+                                            for x in rows},
+            "estimation_overhead_frac_by_heads": {x["heads"]: x["estimation_frac"] for x in rows
+                                                  if x["budget"] == budget}}
 
 
 def summarize(records, copy_gbps):
@@ -234,6 +467,7 @@ def summarize(records, copy_gbps):
     if cud:
         s["flash_vs_cudnn_time_ratio"] = {f"{r['model']} B={r['B']} S={r['S']} T={r['T']}":
                                           round(f["time_ms"] / r["time_ms"], 3) for r, f in cud if f}
+    s.update(verify_summary(records, SUMMARY_MODEL, 16, 32768))
     s["errors"] = sum("error" in r for r in records)
     return s
 
@@ -245,31 +479,54 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--time-budget", type=float, default=320.0,
                     help="seconds after which remaining measurements are recorded as skipped")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run, of {','.join(SECTIONS)} (default: all)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="verify section only, on tiny shapes (N=4, K=2, H=64, B=2, S=512), kernels in interpret "
+                         "mode off a GPU: the CPU check")
     args = ap.parse_args()
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    if not only or set(only) - set(SECTIONS):
+        ap.error(f"--only {args.only!r}: sections are {', '.join(SECTIONS)}")
     t0 = time.time()
     _log(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
     run = Runner(args.reps, args.time_budget)
-    if args.quick:
-        bench_tree(run, "llama-3-8b", 1, 8192, ns=(16,))
-        for model in MODELS:
-            bench_flash_and_sparse(run, model, 1, 8192, budgets=(0.05,), Ts=(5,), with_baselines=True)
-        copy = None
+    interpret = jax.default_backend() != "gpu"
+    copy = None
+    if args.tiny:
+        bench_verify(run, "tiny", 2, 512, budgets=(128, 512), heads_variants=("srh4", "default"), interpret=interpret)
+    elif args.quick:
+        if "tree" in only:
+            bench_tree(run, "llama-3-8b", 1, 8192, ns=(16,))
+        if "flash" in only:
+            for model in MODELS:
+                bench_flash_and_sparse(run, model, 1, 8192, budgets=(0.05,), Ts=(5,), with_baselines=True)
+        if "verify" in only:
+            bench_verify(run, "llama-3-8b", 1, 8192, budgets=(512,), heads_variants=("srh4",), interpret=interpret)
     else:
         copy = hbm_copy_gbps(args.reps)
         _log(f"HBM copy bandwidth: {copy} GB/s")
-        # Summary shapes first (8B tree, then 8B flash/sparse), so a slow run still yields the summary.
-        for model in reversed(MODELS):
-            for B in (1, 16):
-                bench_tree(run, model, B, 32768, ns=(16, 64, 128))
-        for model in reversed(MODELS):
-            for S in (32768, 131072, 8192):
-                for B in (16, 1):
-                    bench_flash_and_sparse(run, model, B, S, budgets=(0.01, 0.05, 0.10), Ts=(1, 5),
-                                           with_baselines=True)
+        # Summary shapes first (8B verify at 32K, 8B tree, then 8B flash/sparse), so a slow run still yields the
+        # summary.
+        if "verify" in only:
+            bench_verify(run, "llama-3-8b", 16, 32768, budgets=(512, 256, 1024, 128), heads_variants=VERIFY_HEADS)
+        if "tree" in only:
+            for model in reversed(MODELS):
+                for B in (1, 16):
+                    bench_tree(run, model, B, 32768, ns=(16, 64, 128))
+        if "flash" in only:
+            for model in reversed(MODELS):
+                for S in (32768, 131072, 8192):
+                    for B in (16, 1):
+                        bench_flash_and_sparse(run, model, B, S, budgets=(0.01, 0.05, 0.10), Ts=(1, 5),
+                                               with_baselines=True)
+        if "verify" in only:   # the other lengths and B = 1 after everything else
+            for S, B in ((131072, 16), (8192, 16), (32768, 1)):
+                bench_verify(run, "llama-3-8b", B, S, budgets=(512,), heads_variants=VERIFY_HEADS)
     summary = summarize(run.records, copy)
     summary["wall_s"] = round(time.time() - t0, 1)
     _log(f"summary: {summary}")
-    write_json(args.out, run.records, summary, quick=args.quick)
+    write_json(args.out, run.records, summary, quick=args.quick, tiny=args.tiny, sections=only)
 
 
 if __name__ == "__main__":

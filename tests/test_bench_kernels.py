@@ -1,0 +1,66 @@
+"""bench/kernels.py's verify section (Dustin's verification attention vs dense, issue 30 part 8b) on tiny shapes:
+the records it writes and that it times the right thing (the sparse attention over a budget covering the cache is
+the dense attention; the probe is the A_T estimate; the selection fills the budget). CPU: interpret mode, ~15 s."""
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench import kernels  # noqa: E402
+import pallas_kernels as pk  # noqa: E402
+
+INTERPRET = jax.default_backend() != "gpu"
+B, S = 2, 512
+
+
+def test_verify_section_records():
+    run = kernels.Runner(reps=1, time_budget_s=300)
+    kernels.bench_verify(run, "tiny", B, S, budgets=(128,), heads_variants=("srh4", "default"), interpret=INTERPRET)
+    recs = run.records
+    assert not [r for r in recs if "error" in r or "skipped" in r], recs
+    parts = {(r["kernel"], r.get("heads"), r.get("budget")) for r in recs if "time_ms" in r}
+    assert parts == {("verify_dense", None, None), ("verify_probe", "srh4", None), ("verify_probe", "default", None),
+                     ("verify_sparse", None, 128), ("verify_select", None, 128)}
+    assert all(r["time_ms"] > 0 for r in recs if "time_ms" in r)
+    derived = [r for r in recs if r["kernel"] == "dustin_verify"]
+    assert sorted(r["heads"] for r in derived) == ["default", "srh4"]
+    for r in derived:
+        assert r["n_layers"] == kernels.VERIFY_LAYERS["tiny"] and r["budget"] == 128 and r["T"] == 5
+        for k in ("dense_ms", "sparse_ms", "probe_ms", "select_ms", "estimation_ms", "speedup_per_layer",
+                  "attention_speedup_per_layer", "speedup_verification", "estimation_frac",
+                  "estimation_frac_per_layer"):
+            assert r[k] > 0, k
+        assert r["estimation_ms"] == pytest.approx(r["probe_ms"] + r["select_ms"], abs=1e-3)
+        L = r["n_layers"]
+        assert r["speedup_verification"] == pytest.approx(
+            L * r["dense_ms"] / (r["estimation_ms"] + L * r["sparse_ms"]), rel=1e-2)
+    assert {r["n_target_heads"] for r in derived} == {4, 2 * 4}   # srh4; default: every head of 2 layers (N=4)
+    s = kernels.verify_summary(recs, "tiny", B, S, budget=128)
+    assert s["verify_attention_speedup_8b_32k_b16"] > 0 and s["estimation_overhead_frac"] > 0
+    assert kernels.verify_summary(recs, kernels.SUMMARY_MODEL, 16, 32768) == {}
+
+
+def test_verify_case_times_the_right_attention():
+    case = kernels.verify_case("tiny", B, S, budgets=(128, 512), heads_variants=("srh4",), interpret=INTERPRET)
+    T = kernels.VERIFY_T
+    idx, n = case["idx"][512]   # base = S - T <= budget: I_verify is the whole prefix
+    np.testing.assert_array_equal(np.asarray(n), S - T)
+    np.testing.assert_array_equal(np.asarray(idx)[:, :S - T], np.broadcast_to(np.arange(S - T), (B, S - T)))
+    np.testing.assert_array_equal(np.asarray(case["idx"][128][1]), 128)
+    fn, args = case["dense"]
+    q, k_all, v_all, kv_len = args
+    want = np.asarray(pk.flash_scores_reference(q, k_all, v_all, kv_len, layer=0)[0], np.float32)
+    dense = np.asarray(jax.jit(fn)(*args), np.float32)
+    fn, args = case["sparse", 512]
+    sparse = np.asarray(jax.jit(fn)(*args), np.float32)
+    np.testing.assert_allclose(dense, want, atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(sparse, want, atol=2e-2, rtol=2e-2)
+    # The probe: softmax weights of rows 0 and T-1 on the 4 target heads, each row summing to 1 over the prefix.
+    fn, args = case["probe", "srh4"]
+    a_t = np.asarray(jax.jit(fn)(*args))
+    assert a_t.shape == (B, S) and (a_t[:, S - T:] == 0).all()
+    np.testing.assert_allclose(a_t.sum(-1), 4 * 2, rtol=1e-4)
