@@ -18,6 +18,8 @@
 #                    later `dustin64` / `fidelity` calls on the warm machine
 #   dustin64         Dustin end-to-end at L=7936, B=64: vegas (pages of 8) and longspec, each verified densely and by
 #                    Dustin with its `heads` profile (budget 512), and ar through the old loop (ar:loop=decode)
+#   vattn            bench/kernels.py --only verify: Dustin's verification attention vs dense at Llama-3-8B shapes
+#                    (32K, B=16, budget 512 first) -> $OUT/kernels_verify_h200.json
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_h200.json
 #   fidelity         Dustin: `jspec fidelity` teacher-forced at L=$LENGTHS (default 2048,4096,8000), budgets
 #                    128..1024, with $C's profile when `heads` ran before -> $OUT/dustin_fidelity_h200.json + .png
@@ -57,6 +59,8 @@ for mode in "$@"; do
            done ;;
     dustin64) P=$C/dustin_heads ; run dustin64 "${T_RUN:-560}" --lengths 7936 --batches 64 --methods \
                 "ar:loop=decode,vegas:select_page=8,vegas:select_page=8,profile=${P}_self_h200.json,longspec,longspec:profile=${P}_longspec_h200.json" ;;
+    vattn) timeout "${T_RUN:-200}" python3 bench/kernels.py --only verify --time-budget 150 \
+             --out "$OUT/kernels_verify_h200.json" 2>&1 | grep -v Warning | tee "$OUT/kernels_verify_h200_log.txt" | tail -25 ;;
     profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
                --out "$OUT/profile_step_h200.json" 2>&1 | grep -v Warning | tee "$OUT/profile_step_h200_log.txt" | tail -25 ;;
     fidelity) prof=$([ -f $C/dustin_heads_self_h200.json ] && echo "--profile $C/dustin_heads_self_h200.json")
