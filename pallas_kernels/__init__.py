@@ -1,7 +1,7 @@
 """Pallas GPU (Triton lowering) attention kernels for long-context speculative decoding.
 
-Four ops, each as `op` (dispatcher), `op_kernel` (Pallas) and `op_reference` (pure-jnp f32), all with the
-same arguments:
+Four ops, each as `op` (the dispatcher: the one way in), `op_kernel` (Pallas), `xla.op` (the production XLA
+path, pallas_kernels/xla.py) and `op_reference` (pure-jnp f32, for tests), all with the same arguments:
 
     flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights")  -> out, lse, scores | None
     sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True)         -> out, lse
@@ -21,8 +21,10 @@ place instead of receiving a k_all[layer] copy. The layer is a runtime operand (
 scalar), so the L layers of a model share one compiled kernel.
 
 `implementation`: "pallas" runs the kernel (NotImplementedError when unsupported, e.g. on a CPU backend
-without interpret=True), "xla" the reference, None (default) the kernel with fallback to the reference,
-so the library runs on every backend.
+without interpret=True), "xla" the XLA path of xla.py (bf16 inputs, float32 accumulation, long prefills in
+chunks of query rows: what a model runs where the kernels cannot), None (default) the kernel with fallback to
+the XLA path, so the library runs on every backend. The f32 references are never dispatched to: tests and
+benchmarks call them by name. (topk_select and dense.dense fall back to their references, which are XLA code.)
 """
 from ._common import SUPPORTED_HEAD_DIMS, BlockSizes, merge_partials
 from .flash_scores import flash_scores, flash_scores_kernel
@@ -37,6 +39,7 @@ from .reference import (
 from .sparse_attention import sparse_attention, sparse_attention_kernel
 from .topk_select import topk_select, topk_select_kernel, topk_select_reference
 from .tree_attention import sparse_tree_attention, sparse_tree_attention_kernel, tree_attention, tree_attention_kernel
+from . import xla
 
 IMPLEMENTATIONS = ("pallas", "xla")
 
@@ -62,4 +65,5 @@ __all__ = [
     "tree_attention_kernel",
     "tree_attention_reference",
     "tree_full_mask",
+    "xla",
 ]

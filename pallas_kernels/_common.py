@@ -1,5 +1,5 @@
 """Pieces shared by the attention kernels: block sizes, GQA packing, the online-softmax step, split-K
-combine, shape checks and the pallas/xla dispatcher.
+combine, shape checks and the one dispatcher (`dispatch`: the kernel, or the XLA path of xla.py).
 
 GQA packing. A kernel program owns one KV head and stacks the G query heads that read it, times the T
 query rows, into the M dimension of its tile: packed row r = t*G + g is query row t of head kh*G + g.
@@ -125,11 +125,11 @@ def split_plan(num_blocks: int, programs: int, num_splits: int | None, min_block
 
 
 def check_platform(interpret: bool) -> None:
-    """The Triton path needs a GPU (or an abstract GPU target); CPU runs use interpret or the reference."""
+    """The Triton path needs a GPU (or an abstract GPU target); CPU runs use interpret or the XLA path."""
     if not interpret and not plgpu.is_gpu_device():
         raise NotImplementedError(
             f"Pallas Triton kernels need a GPU backend, got {jax.default_backend()=}; "
-            "pass interpret=True or use the reference"
+            "pass interpret=True or use the XLA path"
         )
 
 
@@ -194,18 +194,19 @@ def check_attention_shapes(q, k, v, layer=None) -> tuple[int, int]:
     return num_kv_heads, num_heads // num_kv_heads
 
 
-def dispatch(implementation: str | None, kernel: Callable, reference: Callable, *args, **kwargs):
-    """Runs `kernel` ("pallas") or `reference` ("xla"); None tries the kernel and falls back to the
-    reference when it raises NotImplementedError at trace time (unsupported shape, CPU backend)."""
+def dispatch(implementation: str | None, kernel: Callable, fallback: Callable, *args, **kwargs):
+    """The one way into an op: `kernel` ("pallas") or `fallback` ("xla": the op's production XLA path,
+    pallas_kernels/xla.py, or for the ops without one its reference); None tries the kernel and falls back
+    when it raises NotImplementedError at trace time (unsupported shape, CPU backend without interpret)."""
     if implementation == "pallas":
         return kernel(*args, **kwargs)
-    if implementation in ("xla", "reference"):
-        return reference(*args, **kwargs)
+    if implementation == "xla":
+        return fallback(*args, **kwargs)
     if implementation is None:
         try:
             return kernel(*args, **kwargs)
         except NotImplementedError:
-            return reference(*args, **kwargs)
+            return fallback(*args, **kwargs)
     raise ValueError(f"{implementation=} must be one of None, 'pallas', 'xla'")
 
 

@@ -33,7 +33,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from . import _common as C
-from .reference import flash_scores_reference
+from . import xla
 
 SCORE_MODES = ("weights", "logits")
 F16_MAX = 65504.0
@@ -388,11 +388,12 @@ def flash_scores(q, k, v, kv_len, *, score_rows=(), score_mode="weights", sm_sca
       exact: exact mode (`exact_block_sizes`): each output row is rounded exactly as in a one-token step
         at its position (same key tiles, MMA tile, split-K plan and merge), whatever T is. `block_sizes`
         then gives the one-token schedule (its block_m: the most rows per program).
-      implementation: "pallas", "xla" (reference) or None (pallas, falling back to xla if unsupported).
+      implementation: "pallas" (the kernel), "xla" (the XLA path, `xla.flash_scores`) or None (the kernel,
+        falling back to the XLA path where it raises NotImplementedError: an unsupported shape, a CPU).
     Returns:
       out [B,T,N,H] q.dtype; lse [B,N,T] f32 (natural log); scores [B,S] f32 summed over the N query
       heads and the score rows (0 where no score row may look), or None when score_rows is empty.
     """
-    return C.dispatch(implementation, flash_scores_kernel, flash_scores_reference, q, k, v, kv_len,
+    return C.dispatch(implementation, flash_scores_kernel, xla.flash_scores, q, k, v, kv_len,
                       score_rows=tuple(score_rows), score_mode=score_mode, sm_scale=sm_scale,
                       block_sizes=block_sizes, interpret=interpret, layer=layer, exact=exact)

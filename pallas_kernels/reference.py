@@ -1,7 +1,7 @@
 """Pure-jnp float32 references (HIGHEST precision) with the same signatures as the kernels.
 
-They are the ground truth in tests, the fallback on backends without Pallas Triton (CPU), and the
-"XLA" baselines in the benchmarks. Every one reduces to `masked_attention_reference` with an explicit
+They are the ground truth in tests and the "XLA reference" baselines in the benchmarks; no dispatcher
+falls back to them (the fallback, also on CPU, is the production XLA path of xla.py). Every one reduces to `masked_attention_reference` with an explicit
 per-sequence mask [B,T,S] shared by all heads, so they materialise [B,N,T,S] logits: fine for tests and
 moderate sizes, not meant for 128K prefill.
 """

@@ -32,7 +32,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from . import _common as C
-from .reference import sparse_attention_reference
+from . import xla
 
 
 def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
@@ -197,6 +197,6 @@ def sparse_attention(q, k, v, idx, n_valid, kv_len, *, tail=True, sm_scale=None,
     Returns:
       out [B,T,N,H] q.dtype, lse [B,N,T] f32 (natural log).
     """
-    return C.dispatch(implementation, sparse_attention_kernel, sparse_attention_reference, q, k, v, idx,
+    return C.dispatch(implementation, sparse_attention_kernel, xla.sparse_attention, q, k, v, idx,
                       n_valid, kv_len, tail=tail, sm_scale=sm_scale, block_sizes=block_sizes,
                       interpret=interpret, layer=layer)

@@ -29,7 +29,7 @@ from . import _common as C
 from .flash_scores import default_block_sizes as flash_block_sizes
 from .flash_scores import exact_block_sizes as flash_exact_block_sizes
 from .flash_scores import flash_partials
-from .reference import sparse_tree_attention_reference, tree_attention_reference
+from . import xla
 from .sparse_attention import sparse_attention_kernel
 
 
@@ -273,7 +273,7 @@ def tree_attention(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes
     Returns:
       out [B,n,N,H] q.dtype, lse [B,N,n] f32 (natural log).
     """
-    return C.dispatch(implementation, tree_attention_kernel, tree_attention_reference, q, k, v, prefix_len,
+    return C.dispatch(implementation, tree_attention_kernel, xla.tree_attention, q, k, v, prefix_len,
                       tree_mask, sm_scale=sm_scale, block_sizes=block_sizes, interpret=interpret, layer=layer,
                       exact=exact)
 
@@ -325,6 +325,6 @@ def sparse_tree_attention(q, k, v, idx, n_valid, prefix_len, tree_mask, *, sm_sc
     Returns:
       out [B,n,N,H] q.dtype, lse [B,N,n] f32 (natural log).
     """
-    return C.dispatch(implementation, sparse_tree_attention_kernel, sparse_tree_attention_reference, q, k, v, idx,
+    return C.dispatch(implementation, sparse_tree_attention_kernel, xla.sparse_tree_attention, q, k, v, idx,
                       n_valid, prefix_len, tree_mask, sm_scale=sm_scale, block_sizes=block_sizes,
                       interpret=interpret, layer=layer)

@@ -100,8 +100,9 @@ def test_unsupported_head_dim_and_fallback():
     kv_len = jnp.asarray([32, 10], jnp.int32)
     with pytest.raises(NotImplementedError, match="head_dim=96"):
         pk.flash_scores(q, k, v, kv_len, interpret=True, implementation="pallas")
-    got = pk.flash_scores(q, k, v, kv_len, score_rows=(0,), interpret=True)  # falls back to the reference
+    got = pk.flash_scores(q, k, v, kv_len, score_rows=(0,), interpret=True)  # falls back to the XLA path
     want = pk.flash_scores(q, k, v, kv_len, score_rows=(0,), implementation="xla")
+    assert_bitwise_equal(want, pk.xla.flash_scores(q, k, v, kv_len, score_rows=(0,)))
     assert_bitwise_equal(got, want)
 
 
@@ -111,7 +112,7 @@ def test_cpu_without_interpret_falls_back():
     kv_len = jnp.asarray([20], jnp.int32)
     with pytest.raises(NotImplementedError, match="GPU"):
         pk.flash_scores(q, k, v, kv_len, implementation="pallas")
-    assert_bitwise_equal(pk.flash_scores(q, k, v, kv_len), pk.flash_scores_reference(q, k, v, kv_len))
+    assert_bitwise_equal(pk.flash_scores(q, k, v, kv_len), pk.xla.flash_scores(q, k, v, kv_len))
 
 
 def test_bad_arguments():
