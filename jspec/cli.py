@@ -156,7 +156,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
              plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
              jobs=None, out: str = "tune.json", progress: bool = True, trees=None, drafter=None,
              save_shape: bool = False, pages=None) -> dict:
-    """Vegas' three-stage tuning, or LongSpec's draft-shape search (jspec/speculative/tune.py) on `model`;
+    """Vegas' three-stage tuning, or LongSpec's draft-shape search (jspec/offline/tune.py) on `model`;
     writes the chosen config to `out`; with save_shape (longspec), also the chosen shape into the drafter's
     tuned.json for this batch size."""
     import os
@@ -177,7 +177,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
         raise jspec.InputError(f"--prompt-dir {prompt_dir} is not a directory")
     text = _read_text(prompt_file, "--prompt-file") if prompt_file is not None else None
     from jspec.attention import AttnImpl
-    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_PAGES, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
+    from jspec.offline.tune import DEFAULT_GAMMAS, DEFAULT_PAGES, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
 
     ratios = _numbers(ratios, float, "--ratios") if ratios is not None else DEFAULT_RATIOS
     gammas = _numbers(gammas, int, "--gammas") if gammas is not None else DEFAULT_GAMMAS
