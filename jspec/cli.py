@@ -367,11 +367,12 @@ def main(argv=None):
                                          "verification against dense, per selection method and budget -> JSON + plot")
     fidelity_cli.add_arguments(fd)
 
-    from jspec.drafter import cli as drafter_cli
+    from jspec.offline import selfgen as selfgen_cli
+    from jspec.offline import train_drafter as train_cli
     t = sub.add_parser("train-drafter", help="train the LongSpec drafter block against a frozen target")
-    drafter_cli.add_arguments(t)
+    train_cli.add_arguments(t)
     sg = sub.add_parser("selfgen", help="drafter training text: the target's own continuations of a text folder")
-    drafter_cli.add_selfgen_arguments(sg)
+    selfgen_cli.add_arguments(sg)
 
     a = p.parse_args(argv)
     from jspec.checkpoints import CheckpointError
@@ -382,9 +383,9 @@ def main(argv=None):
         elif a.cmd == "convert":
             cmd_convert(out=a.out, from_hf=a.from_hf, from_gguf=a.from_gguf, dtype=a.dtype, overwrite=a.overwrite)
         elif a.cmd == "train-drafter":
-            return drafter_cli.run(a)
+            return train_cli.run(a)
         elif a.cmd == "selfgen":
-            return drafter_cli.run_selfgen(a)
+            return selfgen_cli.run(a)
         elif a.cmd == "bench":
             return bench_cli.run(a)
         elif a.cmd == "profile-heads":

@@ -15,7 +15,7 @@ from jspec.config import preset
 from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_forward_train, init_drafter_params,
                            load_drafter, noisy_cross_len, read_shapes, sample_anchor_positions, save_drafter,
                            write_shape)
-from jspec.drafter.train import drafter_loss, lr_at, target_last_kv, train_drafter
+from jspec.offline.train_drafter import drafter_loss, lr_at, target_last_kv, train_drafter
 from jspec.model import forward
 
 from conftest import random_params, tiny_config
