@@ -4,7 +4,7 @@ kernel (bench.common.trace_table).
     PYTHONPATH=. python bench/profile_train.py --out $OUT/prof_train_h200.json [--batch 16 --seq-len 2048]
         [--objective distill] [--attn pallas|xla] [--steps 6]
 
-The step is `jspec.drafter.train._train_step` as `jspec train-drafter` runs it (anchor-offset positions,
+The step is `jspec.offline.train_drafter._train_step` as `jspec train-drafter` runs it (anchor-offset positions,
 noisy cross-attention, the chosen objective), on random tokens (timing does not depend on the text). On a
 CPU (a smoke test: --batch 1 --seq-len 64 --attn xla) the trace holds no kernels.
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import base_record, kind, trace_table, write_json  # noqa: E402
 import jspec  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
-from jspec.drafter import train as T  # noqa: E402
+from jspec.offline import train_drafter as T  # noqa: E402
 from jspec.drafter.model import init_drafter_params  # noqa: E402
 from jspec.drafter.positions import sample_anchor_positions, sample_lag  # noqa: E402
 

@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import base_record, peak_memory_bytes  # noqa: E402
-from jspec.drafter.train import train_drafter  # noqa: E402
+from jspec.offline.train_drafter import train_drafter  # noqa: E402
 
 QUICK = dict(batch=2, seq_len=128, window=32, steps=4, warmup=1, log_every=1, eval_every=2, n_eval_chunks=2,
              ckpt_every=2, stdlib_modules=("inspect",))

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jspec.drafter import write_shape  # noqa: E402
-from jspec.speculative.tune import draft_widths  # noqa: E402
+from jspec.speculative.config import draft_widths  # noqa: E402
 
 
 def main():

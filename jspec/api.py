@@ -20,6 +20,27 @@ from jspec.errors import InputError
 METHODS = ("ar",) + speculative.METHODS   # what `method=` (and `jspec generate --method`) accepts
 
 
+def check_request(lengths, *, capacity: int, max_new_tokens: int, vocab_size: int, tokens=None):
+    """Host-side validation with messages a user can act on. lengths: per-sequence prompt lengths."""
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        raise InputError("no prompts given")
+    if (lengths <= 0).any():
+        raise InputError(f"prompt {int(np.argmin(lengths))} is empty: every prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise InputError(f"{max_new_tokens=} must be >= 1")
+    need = int(lengths.max()) + max_new_tokens
+    if need > capacity:
+        raise InputError(
+            f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens needs {need} cache slots, "
+            f"but the cache holds {capacity}; shorten the prompt, lower max_new_tokens or raise the capacity")
+    if tokens is not None:
+        bad = (np.asarray(tokens) < 0) | (np.asarray(tokens) >= vocab_size)
+        if bad.any():
+            raise InputError(f"token ids must lie in [0, {vocab_size}); got {int(np.asarray(tokens)[bad][0])}")
+
+
+
 @dataclasses.dataclass
 class Model:
     params: Any
@@ -241,8 +262,8 @@ def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafte
     if need > model.cfg.max_position:
         raise InputError(f"prompt + new tokens ({need}) exceed the model's context of {model.cfg.max_position} "
                          f"positions")
-    _gen.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens,
-                       vocab_size=model.cfg.vocab_size, tokens=np.concatenate([np.asarray(p) for p in ids]))
+    check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens,
+                  vocab_size=model.cfg.vocab_size, tokens=np.concatenate([np.asarray(p) for p in ids]))
     return _Request(spec=spec, samp=samp, ids=ids, capacity=capacity, max_new_tokens=max_new_tokens,
                     drafter=params, slots=slots, refill=refill, staged=staged)
 

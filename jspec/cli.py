@@ -156,7 +156,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
              plateau_tol: float = 0.02, min_tokens=None, reps: int = 2, impl: str = "auto", devices: int = 1,
              jobs=None, out: str = "tune.json", progress: bool = True, trees=None, drafter=None,
              save_shape: bool = False, pages=None) -> dict:
-    """Vegas' three-stage tuning, or LongSpec's draft-shape search (jspec/speculative/tune.py) on `model`;
+    """Vegas' three-stage tuning, or LongSpec's draft-shape search (jspec/offline/tune.py) on `model`;
     writes the chosen config to `out`; with save_shape (longspec), also the chosen shape into the drafter's
     tuned.json for this batch size."""
     import os
@@ -177,7 +177,7 @@ def cmd_tune(*, model: str = "smollm2-135m", prompt_file=None, prompt_dir=None, 
         raise jspec.InputError(f"--prompt-dir {prompt_dir} is not a directory")
     text = _read_text(prompt_file, "--prompt-file") if prompt_file is not None else None
     from jspec.attention import AttnImpl
-    from jspec.speculative.tune import DEFAULT_GAMMAS, DEFAULT_PAGES, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
+    from jspec.offline.tune import DEFAULT_GAMMAS, DEFAULT_PAGES, DEFAULT_RATIOS, DEFAULT_TREES, draft_widths, tune
 
     ratios = _numbers(ratios, float, "--ratios") if ratios is not None else DEFAULT_RATIOS
     gammas = _numbers(gammas, int, "--gammas") if gammas is not None else DEFAULT_GAMMAS
@@ -367,11 +367,12 @@ def main(argv=None):
                                          "verification against dense, per selection method and budget -> JSON + plot")
     fidelity_cli.add_arguments(fd)
 
-    from jspec.drafter import cli as drafter_cli
+    from jspec.offline import selfgen as selfgen_cli
+    from jspec.offline import train_drafter as train_cli
     t = sub.add_parser("train-drafter", help="train the LongSpec drafter block against a frozen target")
-    drafter_cli.add_arguments(t)
+    train_cli.add_arguments(t)
     sg = sub.add_parser("selfgen", help="drafter training text: the target's own continuations of a text folder")
-    drafter_cli.add_selfgen_arguments(sg)
+    selfgen_cli.add_arguments(sg)
 
     a = p.parse_args(argv)
     from jspec.checkpoints import CheckpointError
@@ -382,9 +383,9 @@ def main(argv=None):
         elif a.cmd == "convert":
             cmd_convert(out=a.out, from_hf=a.from_hf, from_gguf=a.from_gguf, dtype=a.dtype, overwrite=a.overwrite)
         elif a.cmd == "train-drafter":
-            return drafter_cli.run(a)
+            return train_cli.run(a)
         elif a.cmd == "selfgen":
-            return drafter_cli.run_selfgen(a)
+            return selfgen_cli.run(a)
         elif a.cmd == "bench":
             return bench_cli.run(a)
         elif a.cmd == "profile-heads":

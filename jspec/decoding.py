@@ -1,5 +1,15 @@
-"""Plain autoregressive decoding: a jitted prefill and one jitted `lax.while_loop` that decodes every
-sequence of the batch until it emits a stop token or reaches `max_new_tokens`, with no host sync per step.
+"""Prompt input to the cache, and the old plain-decoding loop. Three parts:
+
+  pad_prompts  host side: token lists -> one right-padded [B, T] int32 array (T rounded up to a multiple, to
+               limit recompiles) + their lengths; what `prefill` takes.
+  prefill      jitted: the padded prompts written into an empty KV cache in one forward; the logits of each
+               prompt's last token. Every path starts here (`speculative.engine.init` too).
+  decode       jitted: the old "ar" loop, one `lax.while_loop` that decodes every sequence of the batch until it
+               emits a stop token or reaches `max_new_tokens`, with no host sync per step. `jspec.generate` runs
+               "ar" through the speculative engine (`speculative/ar.py`); this loop stays only for the pending
+               GPU A/B of the two (`generate(_ar_loop="decode")`, `jspec bench` method `ar:loop=decode`).
+
+Request checks (prompt lengths, cache capacity, token ids) live in the API (`jspec.api.check_request`).
 """
 from __future__ import annotations
 
@@ -14,26 +24,6 @@ from jspec import kv_cache, model, sampling
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 from jspec.errors import InputError  # noqa: F401  (re-exported: jspec.decoding.InputError)
-
-
-def check_request(lengths, *, capacity: int, max_new_tokens: int, vocab_size: int, tokens=None):
-    """Host-side validation with messages a user can act on. lengths: per-sequence prompt lengths."""
-    lengths = np.asarray(lengths)
-    if lengths.size == 0:
-        raise InputError("no prompts given")
-    if (lengths <= 0).any():
-        raise InputError(f"prompt {int(np.argmin(lengths))} is empty: every prompt needs at least one token")
-    if max_new_tokens < 1:
-        raise InputError(f"{max_new_tokens=} must be >= 1")
-    need = int(lengths.max()) + max_new_tokens
-    if need > capacity:
-        raise InputError(
-            f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens needs {need} cache slots, "
-            f"but the cache holds {capacity}; shorten the prompt, lower max_new_tokens or raise the capacity")
-    if tokens is not None:
-        bad = (np.asarray(tokens) < 0) | (np.asarray(tokens) >= vocab_size)
-        if bad.any():
-            raise InputError(f"token ids must lie in [0, {vocab_size}); got {int(np.asarray(tokens)[bad][0])}")
 
 
 def pad_prompts(prompts: list[list[int]], multiple: int = 64):

@@ -15,7 +15,7 @@ from jspec.config import preset
 from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_forward_train, init_drafter_params,
                            load_drafter, noisy_cross_len, read_shapes, sample_anchor_positions, save_drafter,
                            write_shape)
-from jspec.drafter.train import drafter_loss, lr_at, target_last_kv, train_drafter
+from jspec.offline.train_drafter import drafter_loss, lr_at, target_last_kv, train_drafter
 from jspec.model import forward
 
 from conftest import random_params, tiny_config
@@ -306,7 +306,7 @@ def test_tuned_shapes_by_batch(tmp_path):
 def test_bundled_drafter_shapes_are_the_tuned_results():
     """checkpoints/drafters/smollm2-135m/tuned.json holds, per batch, the shape each committed H200 tune run
     chose (bench/tuned_shapes.py wrote it from them)."""
-    from jspec.speculative.tune import draft_widths
+    from jspec.speculative.config import draft_widths
 
     assert draft_widths({"mode": "chain", "gamma": 3, "tree_widths": [4, 16]}) == [1, 1, 1]
     assert draft_widths({"mode": "tree", "gamma": 4, "tree_widths": [2, 4]}) == [2, 4]

@@ -1,10 +1,14 @@
-"""Layering: the module import graph of `jspec` and `pallas_kernels` has no cycle.
+"""Layering: the module import graph of `jspec` and `pallas_kernels` has no cycle, and its edges point down
+the layer map `LAYERS` below.
 
 Every import counts, function-local ones too (the whole syntax tree is walked): a cycle hidden behind an
 import inside a function is still a cycle in the design. Dependencies point one way:
 
     cli -> offline tools (tune, drafter training, selfgen) -> api -> speculative -> model
         -> layers / attention -> pallas_kernels
+
+A module may import modules of its own layer and of the layers below it; every module is placed in the map
+(a new file must be placed there), and nothing below the API imports `jspec.api` or `jspec.offline`.
 
 Edges are resolved to the module that defines what is imported:
   - `import a.b` and `from a import b` where a.b is a module: an edge to a.b;
@@ -25,6 +29,23 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("jspec", "pallas_kernels")
+
+# The layer map, top to bottom. "pkg.*" is a package and every module under it; other names are one module.
+LAYERS = (
+    ("cli", ("jspec.cli",)),
+    # on top of the public API: each takes a loaded model; `jspec bench` (+ its peers) too
+    ("offline tools", ("jspec.offline.*", "jspec.bench", "jspec.peers")),
+    # the public API; the `jspec` package's __init__ re-exports it (jspec.load, jspec.generate, ...)
+    ("api", ("jspec.api", "jspec")),
+    ("speculative", ("jspec.speculative.*",)),
+    # the target's forward and prefill / the old ar loop; the LongSpec drafter block (a decoder layer) + store
+    ("model", ("jspec.model", "jspec.decoding", "jspec.drafter.*")),
+    ("layers / attention", ("jspec.attention", "jspec.kv_cache", "jspec.sharding", "jspec.sampling",
+                            "jspec.selection", "jspec.dustin")),
+    ("base", ("jspec.config", "jspec.errors", "jspec.data", "jspec.provenance", "jspec.checkpoints.*")),
+    ("kernels", ("pallas_kernels.*",)),
+)
+BELOW_API = ("speculative", "model", "layers / attention", "base", "kernels")
 
 
 def _modules() -> dict:
@@ -165,7 +186,7 @@ class Graph:
 def test_graph_sees_the_packages():
     """Sanity: the walk finds the modules and the edges the rule above predicts."""
     g = Graph()
-    assert {"jspec", "jspec.api", "jspec.cli", "jspec.speculative.tune", "jspec.drafter.train",
+    assert {"jspec", "jspec.api", "jspec.cli", "jspec.offline.tune", "jspec.offline.train_drafter",
             "pallas_kernels", "pallas_kernels._common"} <= set(g.mods)
     assert "jspec.api" in g.edges["jspec"]                       # the package's public names
     assert g.resolve("jspec", "load") == "jspec.api"             # re-export -> the defining module
@@ -173,6 +194,48 @@ def test_graph_sees_the_packages():
     assert g.resolve("pallas_kernels", "flash_scores") == "pallas_kernels.flash_scores"
     assert g.resolve("jspec", "__version__") == "jspec"          # defined in the __init__ itself
     assert "jspec.config" in g.edges["jspec.model"]
+
+
+def layer_of(module: str):
+    """The layer of `module` in LAYERS (the entries naming it), or None where none does."""
+    hits = [name for name, entries in LAYERS for e in entries
+            if module == e.removesuffix(".*") or (e.endswith(".*") and module.startswith(e[:-1]))]
+    return hits[0] if len(hits) == 1 else (None if not hits else tuple(hits))
+
+
+def test_layer_map_places_every_module():
+    unplaced = {m: layer_of(m) for m in Graph().mods if not isinstance(layer_of(m), str)}
+    assert not unplaced, f"modules in no layer (None) or several of LAYERS: {unplaced}"
+
+
+def test_imports_point_down():
+    g, rank = Graph(), {name: i for i, (name, _) in enumerate(LAYERS)}
+    up = sorted(f"{m} ({layer_of(m)}) -> {t} ({layer_of(t)})" for m in g.edges for t in g.edges[m]
+                if rank[layer_of(t)] < rank[layer_of(m)])
+    assert not up, "imports of a higher layer (see LAYERS):\n  " + "\n  ".join(up)
+
+
+def _reachable(g: Graph, start: str) -> set:
+    seen, todo = set(), [start]
+    while todo:
+        for t in g.edges[todo.pop()] - seen:
+            seen.add(t)
+            todo.append(t)
+    return seen
+
+
+def test_nothing_below_the_api_imports_it_or_the_offline_tools():
+    """The direction the issue asks for, spelled out: no module of the lower layers imports `jspec.api` (nor
+    the `jspec` package, which runs it) or `jspec.offline.*`; importing `jspec.api` loads no offline tool."""
+    g = Graph()
+    offline = {m for m in g.mods if layer_of(m) == "offline tools"}
+    assert {"jspec.offline", "jspec.offline.tune", "jspec.offline.train_drafter", "jspec.offline.selfgen"} <= offline
+    lower = [m for m in g.mods if layer_of(m) in BELOW_API]
+    assert {"jspec.speculative", "jspec.speculative.engine", "jspec.model", "jspec.attention", "jspec.kv_cache",
+            "jspec.drafter", "pallas_kernels._common"} <= set(lower)
+    bad = sorted(f"{m} -> {t}" for m in lower for t in g.edges[m] if t in offline | {"jspec.api", "jspec"})
+    assert not bad, "a lower layer imports the API or an offline tool:\n  " + "\n  ".join(bad)
+    assert not _reachable(g, "jspec.api") & offline, sorted(_reachable(g, "jspec.api") & offline)
 
 
 def test_no_import_cycles():

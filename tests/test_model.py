@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jspec import api
 from jspec import decoding as gen
 from jspec import kv_cache, model
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
@@ -211,14 +212,14 @@ def test_collected_scores_match_bruteforce_attention_weights():
 
 def test_check_request_errors():
     with pytest.raises(gen.InputError, match="empty"):
-        gen.check_request([3, 0], capacity=64, max_new_tokens=4, vocab_size=10)
+        api.check_request([3, 0], capacity=64, max_new_tokens=4, vocab_size=10)
     with pytest.raises(gen.InputError, match="cache holds 64"):
-        gen.check_request([60], capacity=64, max_new_tokens=8, vocab_size=10)
+        api.check_request([60], capacity=64, max_new_tokens=8, vocab_size=10)
     with pytest.raises(gen.InputError, match="no prompts"):
-        gen.check_request([], capacity=64, max_new_tokens=8, vocab_size=10)
+        api.check_request([], capacity=64, max_new_tokens=8, vocab_size=10)
     with pytest.raises(gen.InputError, match=r"\[0, 10\)"):
-        gen.check_request([2], capacity=64, max_new_tokens=8, vocab_size=10, tokens=[1, 12])
-    gen.check_request([56], capacity=64, max_new_tokens=8, vocab_size=10)
+        api.check_request([2], capacity=64, max_new_tokens=8, vocab_size=10, tokens=[1, 12])
+    api.check_request([56], capacity=64, max_new_tokens=8, vocab_size=10)
 
 
 def test_bad_config_errors():

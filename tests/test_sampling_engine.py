@@ -1,5 +1,5 @@
 """Whole engine rounds under sampling (the real code path: `speculative.init` + `speculative.run`, and
-`continuous.serve` with refills): the JOINT law of the 3 tokens after the prefill's token equals the exact
+`serving.serve` with refills): the JOINT law of the 3 tokens after the prefill's token equals the exact
 target law, for a chain method (vegas), the tree method (longspec, a zero-block drafter), prompt-lookup tokens
 (both families) and served requests with refills. The prefill's token t0 is checked against p(t0) as well.
 
@@ -26,7 +26,7 @@ from jspec import kv_cache, model, sampling, speculative
 from jspec.config import ModelConfig, SamplingConfig
 from jspec.drafter import init_drafter_params
 from jspec.speculative import SpecConfig
-from jspec.speculative import continuous as sv
+from jspec.speculative import serving as sv
 from test_sampling_power import chisquare_cells, joint_counts, power
 
 V = 8
@@ -123,7 +123,7 @@ def test_engine_rounds_joint_law(name):
 
 
 def test_served_requests_joint_law():
-    """The same law for 16,000 requests served through `continuous.serve` (vegas, 256 slots refilled 32 at a
+    """The same law for 16,000 requests served through `serving.serve` (vegas, 256 slots refilled 32 at a
     time while the others decode: each refill prefills new rows, draws their first token with a fresh key and
     inserts them). Same power as above. Checked to fail with m1 and with every refill drawing its first tokens
     with one fixed key (the t0 check)."""

@@ -9,8 +9,8 @@ import pytest
 import jspec
 from jspec import cli, data
 from jspec.decoding import InputError
-from jspec.drafter.data import tokenize
-from jspec.drafter.selfgen import self_generate
+from jspec.offline.training_text import tokenize
+from jspec.offline.selfgen import self_generate
 
 from conftest import CharTokenizer, random_params, tiny_config
 

@@ -1,4 +1,4 @@
-"""Continuous batching (jspec/speculative/continuous.py): a queue of requests through fewer slots; each request's
+"""Continuous batching (jspec/speculative/serving.py): a queue of requests through fewer slots; each request's
 greedy output equals plain greedy decoding of that request alone, for self-speculative methods, LongSpec and
 plain decoding through the engine ("ar"), with stop tokens (rows finish at different rounds) and more slots
 than requests."""
@@ -14,7 +14,7 @@ from jspec import kv_cache, model
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.drafter import init_drafter_params
 from jspec.speculative import SpecConfig
-from jspec.speculative import continuous as sv
+from jspec.speculative import serving as sv
 
 GREEDY = SamplingConfig()
 NEW, CAP = 14, 128

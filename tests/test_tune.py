@@ -1,4 +1,4 @@
-"""Vegas' three-stage tuning (jspec/speculative/tune.py) and `jspec generate --config`.
+"""Vegas' three-stage tuning (jspec/offline/tune.py) and `jspec generate --config`.
 
 - the search rules on a fake measuring function: stage 1 stops at the first ratio whose next step does not
   raise tau by plateau_tol (and never measures past it), stage 2 keeps the fastest gamma at that ratio,
@@ -23,7 +23,7 @@ from conftest import CharTokenizer
 from jspec import cli, model
 from jspec.config import ModelConfig
 from jspec.speculative import SpecConfig
-from jspec.speculative.tune import pick_page, read_config, search, tune
+from jspec.offline.tune import pick_page, read_config, search, tune
 
 RATIOS = [0.01, 0.02, 0.05, 0.1, 0.2]
 GAMMAS = [2, 3, 4, 6]
@@ -349,7 +349,7 @@ def test_dir_prompts_take_turns_over_the_files(tmp_path):
 
 def test_cli_tune_prompt_dir_reaches_tune(tiny, tmp_path, monkeypatch, capsys):
     from jspec.data import dir_prompts
-    from jspec.speculative import tune as tune_mod
+    from jspec.offline import tune as tune_mod
     (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n" * 20)
     (tmp_path / "b.txt").write_text("It was a truth universally acknowledged. " * 20)
     seen = {}
@@ -400,7 +400,7 @@ def test_tune_longspec_keeps_the_fastest_shape_and_stays_lossless(tiny, tmp_path
 
 
 def test_the_chosen_line_says_when_plain_decoding_is_faster():
-    from jspec.speculative.tune import _ar_note, _vs_ar
+    from jspec.offline.tune import _ar_note, _vs_ar
 
     assert _vs_ar(80.0, 100.0) == {"ar_tokens_per_s": 100.0, "speedup_vs_ar": 0.8} and _vs_ar(80.0, None) == {}
     assert "0.80x ar" in _ar_note({"speedup_vs_ar": 0.8}) and "plain decoding is faster" in _ar_note({"speedup_vs_ar": 0.8})

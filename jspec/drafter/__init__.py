@@ -1,8 +1,9 @@
-"""LongSpec drafter: one decoder block over the target's last-layer KV cache, and its store.
+"""LongSpec drafter: one decoder block over the target's last-layer KV cache, and its store (what inference
+needs).
 
-Training (`jspec.drafter.train.train_drafter`, `jspec train-drafter`) and training text (`jspec.drafter.selfgen`)
-are offline tools on top of the public API (`jspec.api`); this package does not import them, so the API can
-import the drafter without a cycle.
+Training (`jspec.offline.train_drafter`, `jspec train-drafter`) and its text (`jspec.offline.selfgen`,
+`jspec.offline.training_text`) are offline tools on top of the public API (`jspec.api`) in `jspec/offline/`;
+this package imports neither, so the API can import the drafter.
 """
 from .model import (DEFAULT_WINDOW, DrafterCache, attend, drafter_commit, drafter_fill, drafter_forward_train,
                     drafter_tree_step, init_drafter_cache, init_drafter_params)

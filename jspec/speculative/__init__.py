@@ -23,7 +23,7 @@ their lossless acceptance). See engine.py and docs/methods.md.
 """
 from jspec.speculative.config import METHODS, SpecConfig, Verify
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating
-from jspec.speculative.continuous import ServeStats, serve
+from jspec.speculative.serving import ServeStats, serve
 
 __all__ = ["METHODS", "ServeStats", "SpecConfig", "SpecStats", "State", "Verify", "init", "prepare", "run",
            "run_donating", "serve"]

@@ -1,5 +1,5 @@
 """The one driver of every method: the target drafts for itself with sparse attention (plain decoding, "ar",
-is the method with no drafts: plain.py).
+is the method with no drafts: ar.py).
 
 One round (one iteration of a jitted `lax.while_loop`, no host sync):
 
@@ -25,7 +25,7 @@ sequence; tau = mean tokens emitted per verification.
 Entry points: `init` (prefill + method state), `prepare` (method state on an existing prefilled cache, so
 one prefill can serve several methods), `run` (pure, for use inside a caller's jit) and `run_donating` (the
 same, donating the state so the cache is updated in place); both run `rounds`, the one while_loop of
-`round_`, which continuous batching (continuous.py) also runs between refills. Each piece (`draft`, `verify`,
+`round_`, which continuous batching (serving.py) also runs between refills. Each piece (`draft`, `verify`,
 `accept`, the method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to
 split the round time offline.
 
@@ -50,10 +50,10 @@ from flax import struct
 from jspec import kv_cache, model, sampling
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
-from jspec.speculative import longspec, lookup, plain, quest, sparse_verify, streaming, vegas
+from jspec.speculative import ar, longspec, lookup, quest, sparse_verify, streaming, vegas
 from jspec.speculative.config import SpecConfig
 
-METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas, "ar": plain}
+METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas, "ar": ar}
 
 
 @struct.dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import argparse
 import json
 import math
 import os
@@ -31,11 +32,11 @@ import numpy as np
 from jspec import kv_cache
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig
-from jspec.drafter import data as ddata
 from jspec.drafter.model import DEFAULT_WINDOW, drafter_forward_train, init_drafter_params
 from jspec.drafter.positions import noisy_cross_len, sample_anchor_positions, sample_lag
 from jspec.drafter.store import save_drafter
 from jspec.model import forward
+from jspec.offline import training_text as ddata
 
 # Settings that must match between a run and its resumption (anything else may change, e.g. stop_at).
 _RESUME_KEYS = ("batch", "seq_len", "lr", "warmup", "steps", "seed", "window", "anchor_offset", "noisy_xattn",
@@ -426,3 +427,42 @@ def _hms(s: float) -> str:
         return "?"
     s = int(s)
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="target: known name or converted checkpoint dir")
+    p.add_argument("--data", default=None, help="folder of text files (.txt .py .md .rst); default: the stdlib")
+    p.add_argument("--out", required=True, help="run folder: ckpt/, drafter/, loss.jsonl, loss.png")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--window", type=int, default=512, help="the drafter's self-attention window")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--ckpt-every", type=int, default=500)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=None, help="seconds; stop with a checkpoint after that")
+    p.add_argument("--no-anchor-offset", action="store_true", help="ablation: positions 0..T-1")
+    p.add_argument("--no-noisy-xattn", action="store_true", help="ablation: fixed lag p = 1")
+    p.add_argument("--objective", default="ce", choices=["ce", "distill"],
+                   help="ce: the text's next token; distill: the target's next-token distribution (soft labels)")
+    p.add_argument("--export-every", type=int, default=0, help="bf16 snapshots to OUT/drafters/step_N (0: off)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = train_drafter(
+        model=args.model, data_dir=args.data, out=args.out, steps=args.steps, batch=args.batch,
+        seq_len=args.seq_len, lr=args.lr, warmup=args.warmup, window=args.window, seed=args.seed,
+        resume=args.resume, overwrite=args.overwrite, log_every=args.log_every, ckpt_every=args.ckpt_every,
+        eval_every=args.eval_every, time_limit_s=args.time_limit, anchor_offset=not args.no_anchor_offset,
+        noisy_xattn=not args.no_noisy_xattn, progress=not args.no_progress,
+        objective=args.objective, export_every=args.export_every)
+    print(json.dumps(summary, indent=1))
+    return 0

@@ -254,7 +254,7 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     if context > cfg.max_position:
         raise InputError(f"prompt + new tokens ({context}) exceed the model's context of {cfg.max_position}")
     capacity = -(-(context + g_max + 1) // 128) * 128
-    gen.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens, vocab_size=cfg.vocab_size,
+    api.check_request(lengths, capacity=capacity, max_new_tokens=max_new_tokens, vocab_size=cfg.vocab_size,
                       tokens=np.concatenate([np.asarray(p) for p in ids]))
     if longspec:
         pass

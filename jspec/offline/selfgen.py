@@ -9,6 +9,7 @@ to its acceptance is in docs/performance.md ("Drafter training"). CLI: `jspec se
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ import numpy as np
 from jspec import data as _data
 from jspec.errors import InputError
 
-from .data import tokenize
+from jspec.offline.training_text import tokenize
 
 
 def self_generate(model, data_dir: str, out_dir: str, *, prompt_tokens: int = 1024, new_tokens: int = 1024,
@@ -38,7 +39,7 @@ def self_generate(model, data_dir: str, out_dir: str, *, prompt_tokens: int = 10
     ids = tokenize(_data.read_dir(data_dir), model.tokenizer, sep=None)
     if len(ids) < prompt_tokens:
         raise InputError(f"{data_dir} holds {len(ids)} tokens, fewer than prompt_tokens={prompt_tokens}")
-    from jspec.api import generate   # jspec.api imports this package: import at call time
+    from jspec.api import generate
 
     os.makedirs(out_dir, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -72,3 +73,26 @@ def self_generate(model, data_dir: str, out_dir: str, *, prompt_tokens: int = 10
     with open(os.path.join(out_dir, "selfgen_summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="target: known name or converted checkpoint dir")
+    p.add_argument("--data", required=True, help="folder of text files (.txt .py .md .rst) to take windows from")
+    p.add_argument("--out", required=True, help="folder for the generated .txt files (created)")
+    p.add_argument("--prompt-tokens", type=int, default=1024, help="window of source text per row")
+    p.add_argument("--new", type=int, default=1024, help="tokens the target generates per row")
+    p.add_argument("--batch", type=int, default=64, help="rows per generate call")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--budget-s", type=float, default=180.0, help="stop before a batch would run past this")
+    p.add_argument("--batches", type=int, default=None, help="stop after this many batches")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jspec.api import load
+
+    summary = self_generate(load(args.model), args.data, args.out, prompt_tokens=args.prompt_tokens,
+                            new_tokens=args.new, batch=args.batch, temperature=args.temperature,
+                            budget_s=args.budget_s, max_batches=args.batches, seed=args.seed)
+    print(json.dumps(summary, indent=1))
+    return 0
