@@ -215,6 +215,28 @@ def _numbers(text: str, kind, flag: str) -> list:
     return vals
 
 
+class _HelpAll(argparse.Action):
+    """`--help-all`: the help with the hidden flags (ablations, implementation settings) shown, then exit."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for action in parser._actions:
+            if getattr(action, "_full_help", None) is not None:
+                action.help = action._full_help
+        parser.print_help()
+        parser.exit()
+
+
+def _hidden(group, *flags, help=None, **kw):
+    """A flag left out of the main help (an ablation, or an implementation setting rather than a method knob):
+    it works as any other and `--help-all` lists it."""
+    action = group.add_argument(*flags, help=argparse.SUPPRESS, **kw)
+    action._full_help = help or ""
+    return action
+
+
 def main(argv=None):
     import os
 
@@ -235,85 +257,93 @@ def main(argv=None):
     c.add_argument("--overwrite", action="store_true")
 
     g = sub.add_parser("generate", help="generate text (default: a long stdlib document, greedy)")
-    g.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
-    g.add_argument("--method", default=None, help=f"{' | '.join(METHODS)} (default: --config's, else ar)")
-    g.add_argument("--config", metavar="FILE", default=None,
+    g.add_argument("--help-all", action=_HelpAll, help="also list the ablations and implementation settings")
+    gm = g.add_argument_group("method")
+    gm.add_argument("--method", default=None, help=f"{' | '.join(METHODS)} (default: --config's, else ar)")
+    gm.add_argument("--config", metavar="FILE", default=None,
                    help="speculative config JSON (e.g. from `jspec tune`): its method and knobs are the defaults, "
                         "flags given here override them")
-    g.add_argument("--devices", type=int, default=1,
-                   help="tensor parallelism over the first N devices (heads sharded); default 1")
-    g.add_argument("--gamma", type=int, default=None, help="draft tokens per round (speculative methods; default 4)")
-    g.add_argument("--budget", type=int, default=None, help="KV slots each draft step attends to (default 512)")
-    g.add_argument("--ratio", type=float, default=None,
+    gm.add_argument("--gamma", type=int, default=None, help="draft tokens per round (speculative methods; default 4)")
+    gm.add_argument("--budget", type=int, default=None, help="KV slots each draft step attends to (default 512)")
+    gm.add_argument("--ratio", type=float, default=None,
                    help="dynamic budget: clamp(ceil(ratio * context), --min-tokens, --max-tokens or --budget)")
-    g.add_argument("--sink", type=int, default=None, help="streaming: always-kept first tokens (default 4)")
-    g.add_argument("--page-size", type=int, default=None, help="quest: tokens per page (default 16)")
-    g.add_argument("--min-tokens", type=int, default=None, help="lower clamp of the --ratio rule (default 256)")
-    g.add_argument("--max-tokens", type=int, default=None, help="upper clamp of the --ratio rule")
-    g.add_argument("--score-mode", choices=["weights", "logits"], default=None, help="vegas ranking")
-    g.add_argument("--collect", choices=["c2q", "all"], default=None,
-                   help="vegas: Collect-2-Query rows (c2q) or all gamma+1 verified rows")
-    g.add_argument("--topk", choices=["sort", "select"], default=None,
-                   help="vegas: per-layer top-k by the threshold-search kernel (select, default) or lax.top_k (sort)")
-    g.add_argument("--select-page", type=int, default=None, metavar="N",
+    gm.add_argument("--min-tokens", type=int, default=None, help="lower clamp of the --ratio rule (default 256)")
+    gm.add_argument("--max-tokens", type=int, default=None, help="upper clamp of the --ratio rule")
+    gm.add_argument("--sink", type=int, default=None, help="streaming: always-kept first tokens (default 4)")
+    gm.add_argument("--page-size", type=int, default=None, help="quest: tokens per page (default 16)")
+    gm.add_argument("--select-page", type=int, default=None, metavar="N",
                    help="vegas: select whole aligned pages of N cache slots (summed scores) instead of single slots: "
                         "page-aligned reads are cheaper for the sparse kernel, at a small risk to acceptance "
                         "(default 1; the budget must be a multiple of N; docs/performance.md)")
-    g.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
-    g.add_argument("--lookup", type=int, default=None, metavar="N",
+    gm.add_argument("--mode", choices=["tree", "chain"], default=None, help="longspec: tree (default) or chain drafts")
+    gm.add_argument("--widths", default=None,
+                   help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape the drafter was "
+                        "tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")
+    gm.add_argument("--drafter", default=None, metavar="DIR",
+                   help="longspec: drafter directory (default: the bundled checkpoints/drafters/<model>)")
+    gm.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="speculative methods: also verify N tokens proposed by n-gram lookup over each row's "
                         "own text (prompt + output) in the same forward, after the drafts (longspec: beside its "
                         "tree) (default 0: off). It pays on text the model keeps repeating, where lookup "
                         "proposes long runs the drafts miss; docs/performance.md)")
-    g.add_argument("--verify", choices=["dense", "dustin", "streaming", "quest"], default=None,
+    gv = g.add_argument_group("verification (dense: lossless; any other: LOSSY)")
+    gv.add_argument("--verify", choices=["dense", "dustin", "streaming", "quest"], default=None,
                    help="how the drafts are verified: dense (default, lossless) or LOSSY sparse verification over "
                         "--verify-budget cache slots per sequence: dustin (draft + target attention signals; "
                         "--profile), streaming (sink + window) or quest (pages by min/max keys); docs/methods.md")
-    g.add_argument("--verify-budget", type=int, default=None, metavar="N",
+    gv.add_argument("--verify-budget", type=int, default=None, metavar="N",
                    help="sparse verification: cache slots each sequence's verification reads (default 512)")
-    g.add_argument("--verify-page", type=int, default=None, metavar="P",
+    gv.add_argument("--verify-page", type=int, default=None, metavar="P",
                    help="sparse verification: select whole aligned pages of P slots (default 1; quest 16)")
-    g.add_argument("--verify-m", type=int, default=None, metavar="M",
-                   help="dustin: slots chosen by the draft signal (tier 1; default the profile's, else half the free "
-                        "slots)")
-    g.add_argument("--verify-signals", choices=["hybrid", "draft", "target"], default=None,
-                   help="dustin ablations: both signals (default), the draft's only or the target's only")
-    g.add_argument("--verify-refresh", type=int, default=None, metavar="R",
+    gv.add_argument("--verify-refresh", type=int, default=None, metavar="R",
                    help="sparse verification: every R-th verification is dense (default 0: only the first)")
-    g.add_argument("--profile", default=None, metavar="FILE",
+    gv.add_argument("--profile", default=None, metavar="FILE",
                    help="dustin: the heads profile JSON of `jspec profile-heads` for this model and drafter "
                         "(implies --verify dustin; default: built-in heads, sparse_verify.default_heads)")
-    g.add_argument("--widths", default=None,
-                   help="longspec tree: nodes per level, e.g. 4,16,16,16,16 (default: the shape the drafter was "
-                        "tuned with for this batch size, its tuned.json; else 4,16,16,16,16)")
-    g.add_argument("--drafter", default=None, metavar="DIR",
-                   help="longspec: drafter directory (default: the bundled checkpoints/drafters/<model>)")
-    src = g.add_mutually_exclusive_group()
+    gp = g.add_argument_group("prompts and sampling")
+    src = gp.add_mutually_exclusive_group()
     src.add_argument("--prompt")
     src.add_argument("--prompt-file")
-    g.add_argument("--prompt-tokens", type=int, default=3000, help="length of the default stdlib prompt")
-    g.add_argument("--batch", type=int, default=1)
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--json", action="store_true", dest="as_json")
-    g.add_argument("--slots", type=int, default=None,
+    gp.add_argument("--prompt-tokens", type=int, default=3000, help="length of the default stdlib prompt")
+    gp.add_argument("--batch", type=int, default=1)
+    gp.add_argument("--max-new-tokens", type=int, default=128)
+    gp.add_argument("--temperature", type=float, default=0.0)
+    gp.add_argument("--top-k", type=int, default=0)
+    gp.add_argument("--top-p", type=float, default=1.0)
+    gp.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gp.add_argument("--seed", type=int, default=0)
+    gp.add_argument("--ignore-eos", action="store_true")
+    gp.add_argument("--json", action="store_true", dest="as_json")
+    gs = g.add_argument_group("model, devices and serving")
+    gs.add_argument("--model", default="smollm2-135m", help="known name or converted checkpoint dir")
+    gs.add_argument("--devices", type=int, default=1,
+                   help="tensor parallelism over the first N devices (heads sharded); default 1")
+    gs.add_argument("--slots", type=int, default=None,
                    help="continuous batching: the --batch prompts through this many slots (any method, ar included)")
-    g.add_argument("--refill", type=int, default=None,
+    gs.add_argument("--refill", type=int, default=None,
                    help="with --slots: free slots prefilled together (the rounds run until this many are free; "
                         "default min(4, slots // 4), at least 1)")
-    g.add_argument("--staged", action="store_true",
-                   help="with --slots: prefill the next --refill prompts ahead and refill finished slots on the GPU "
-                        "after every round instead of waiting for --refill free slots")
-    g.add_argument("--exact", action="store_true",
+    gs.add_argument("--exact", action="store_true",
                    help="bf16 exact mode (GPU): every decode and verification step rounds each row as a one-token "
                         "step would (row-independent Pallas GEMMs, attention on the one-token step's tiles), so "
                         "greedy tokens of any method, lookup and longspec trees included, equal `--exact` ar's "
                         "bit for bit; slower. Llama-style layers of width <= 2048 only (docs/methods.md)")
+
+
+    ga = g.add_argument_group("ablations and implementation settings (only in --help-all)")
+    _hidden(ga, "--score-mode", choices=["weights", "logits"], default=None, help="vegas ranking")
+    _hidden(ga, "--collect", choices=["c2q", "all"], default=None,
+                   help="vegas: Collect-2-Query rows (c2q) or all gamma+1 verified rows")
+    _hidden(ga, "--topk", choices=["sort", "select"], default=None,
+                   help="vegas: per-layer top-k by the threshold-search kernel (select, default) or lax.top_k (sort)")
+    _hidden(ga, "--verify-m", type=int, default=None, metavar="M",
+                   help="dustin: slots chosen by the draft signal (tier 1; default the profile's, else half the free "
+                        "slots)")
+    _hidden(ga, "--verify-signals", choices=["hybrid", "draft", "target"], default=None,
+                   help="dustin ablations: both signals (default), the draft's only or the target's only")
+    _hidden(ga, "--staged", action="store_true",
+                   help="with --slots: prefill the next --refill prompts ahead and refill finished slots on the GPU "
+                        "after every round instead of waiting for --refill free slots")
 
     u = sub.add_parser("tune", help="Vegas' three-stage tuning of ratio and gamma (streaming/quest/vegas), or "
                                     "LongSpec's draft-shape search -> a config JSON for `generate --config`")

@@ -141,3 +141,31 @@ def test_import_prints_no_pytorch_notice():
     assert res.returncode == 0, res.stderr
     assert "PyTorch was not found" not in res.stderr, res.stderr
     assert "a real warning" in res.stderr
+
+
+HIDDEN = ("--score-mode", "--collect", "--topk", "--verify-m", "--verify-signals", "--staged")
+
+
+def test_ablations_leave_the_main_help_and_help_all_lists_them(capsys):
+    """`generate --help` lists the method knobs but not the ablations / implementation settings; `--help-all`
+    lists both; a hidden flag still parses (it reaches the same checks as any flag)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--help"])
+    assert e.value.code == 0
+    main_help = capsys.readouterr().out
+    for flag in ("--gamma", "--select-page", "--lookup", "--verify-budget", "--help-all"):
+        assert flag in main_help, flag
+    for flag in HIDDEN:
+        assert flag not in main_help, flag
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--help-all"])
+    assert e.value.code == 0
+    full = capsys.readouterr().out
+    for flag in HIDDEN + ("--gamma", "--select-page"):
+        assert flag in full, flag
+    assert "ablations and implementation settings" in full
+
+
+def test_hidden_flags_still_parse(no_load, capsys):
+    err = usage_error(capsys, ["generate", "--prompt", "hi", "--method", "ar", "--topk", "sort"])
+    assert "--topk only applies to the speculative methods" in err
