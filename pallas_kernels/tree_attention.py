@@ -223,34 +223,47 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
     return o.transpose(0, 2, 1, 3, 4).reshape(B, n, N, H), lse.transpose(0, 1, 3, 2).reshape(B, N, n)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "exact"))
-def tree_attention_kernel(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None, interpret=False,
-                          layer=None, exact=False):
-    """Pallas implementation of `tree_attention` (same arguments)."""
+def _check_tree_args(q, k, v, tree_mask, sm_scale, interpret, layer):
+    """The checks both tree kernels make -> (K, G, S, sm_scale): GQA shapes, the platform, an [B, n, n] mask,
+    a cache of at least 16 slots, the default scale 1/sqrt(H)."""
     K, G = C.check_attention_shapes(q, k, v, layer)
     C.check_platform(interpret)
-    B, n, N, H = q.shape
+    B, n, _, H = q.shape
     S = C.layer_shape(k, layer)[1]
     if tree_mask.shape != (B, n, n):
         raise ValueError(f"{tree_mask.shape=} must be {(B, n, n)}")
     if S < 16:
         raise NotImplementedError(f"{S=} must be >= 16")
-    sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
+    return K, G, S, 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
+
+
+def _tree_pass(qp, k, v, prefix_len, tree_mask, *, n, G, S, sm_scale, bs, interpret, layer):
+    """`_tree_part` over the n tree slots, qp packed with `C.row_block(n * G, bs.block_m)` rows per program, in
+    key blocks that cover the tree (at least 16 slots, at most the cache)."""
+    block_m = C.row_block(n * G, bs.block_m)
+    block_k = min(bs.block_k, max(16, C.next_pow2(n)), C.prev_pow2(S))
+    return _tree_part(qp, k, v, prefix_len, tree_mask, n=n, G=G, sm_scale=sm_scale, block_m=block_m,
+                      block_k=block_k, bs=bs, interpret=interpret, layer=layer)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "exact"))
+def tree_attention_kernel(q, k, v, prefix_len, tree_mask, *, sm_scale=None, block_sizes=None, interpret=False,
+                          layer=None, exact=False):
+    """Pallas implementation of `tree_attention` (same arguments)."""
+    K, G, S, sm_scale = _check_tree_args(q, k, v, tree_mask, sm_scale, interpret, layer)
+    B, n, N, H = q.shape
     prefix_len = prefix_len.astype(jnp.int32)
     if exact:
         return _exact_tree(q, k, v, prefix_len, tree_mask, K=K, G=G, sm_scale=sm_scale, block_sizes=block_sizes,
                            interpret=interpret, layer=layer)
     bs = block_sizes or default_block_sizes(n * G, H, q.dtype)
-    block_m = C.row_block(n * G, bs.block_m)
-    qp = C.pack_queries(q, K, block_m)
-
+    qp = C.pack_queries(q, K, C.row_block(n * G, bs.block_m))
     # Prefix: the flash kernel, non-causal, with kv_len := prefix_len (so tree slots are never read).
     o_p, lse_p = flash_partials(qp, k, v, prefix_len, T=n, G=G, causal=False, sm_scale=sm_scale,
                                 block_sizes=bs, interpret=interpret, out_dtype=jnp.float32, layer=layer)
     o_p, lse_p = C.combine_splits(o_p, lse_p)
-    block_k = min(bs.block_k, max(16, C.next_pow2(n)), C.prev_pow2(S))
-    o_t, lse_t = _tree_part(qp, k, v, prefix_len, tree_mask, n=n, G=G, sm_scale=sm_scale, block_m=block_m,
-                            block_k=block_k, bs=bs, interpret=interpret, layer=layer)
+    o_t, lse_t = _tree_pass(qp, k, v, prefix_len, tree_mask, n=n, G=G, S=S, sm_scale=sm_scale, bs=bs,
+                            interpret=interpret, layer=layer)
     o, lse = C.merge_partials(o_p, lse_p, o_t, lse_t)
     return C.unpack_out(o, n, N).astype(q.dtype), C.unpack_lse(lse, n, N)
 
@@ -283,24 +296,15 @@ def sparse_tree_attention_kernel(q, k, v, idx, n_valid, prefix_len, tree_mask, *
                                  interpret=False, layer=None):
     """Pallas implementation of `sparse_tree_attention` (same arguments): the sparse kernel over the selected
     prefix entries (no tail, float32 partial), the tree pass over the n tree slots, merged through their LSEs."""
-    K, G = C.check_attention_shapes(q, k, v, layer)
-    C.check_platform(interpret)
+    K, G, S, sm_scale = _check_tree_args(q, k, v, tree_mask, sm_scale, interpret, layer)
     B, n, N, H = q.shape
-    S = C.layer_shape(k, layer)[1]
-    if tree_mask.shape != (B, n, n):
-        raise ValueError(f"{tree_mask.shape=} must be {(B, n, n)}")
-    if S < 16:
-        raise NotImplementedError(f"{S=} must be >= 16")
-    sm_scale = 1.0 / float(np.sqrt(H)) if sm_scale is None else float(sm_scale)
     prefix_len = prefix_len.astype(jnp.int32)
     o_p, lse_p = sparse_attention_kernel(q, k, v, idx, n_valid, prefix_len + n, tail=False, sm_scale=sm_scale,
                                          interpret=interpret, layer=layer, out_f32=True)
     bs = block_sizes or default_block_sizes(n * G, H, q.dtype)
-    block_m = C.row_block(n * G, bs.block_m)
-    qp = C.pack_queries(q, K, block_m)
-    block_k = min(bs.block_k, max(16, C.next_pow2(n)), C.prev_pow2(S))
-    o_t, lse_t = _tree_part(qp, k, v, prefix_len, tree_mask, n=n, G=G, sm_scale=sm_scale, block_m=block_m,
-                            block_k=block_k, bs=bs, interpret=interpret, layer=layer)
+    qp = C.pack_queries(q, K, C.row_block(n * G, bs.block_m))
+    o_t, lse_t = _tree_pass(qp, k, v, prefix_len, tree_mask, n=n, G=G, S=S, sm_scale=sm_scale, bs=bs,
+                            interpret=interpret, layer=layer)
     o_t, lse_t = C.unpack_out(o_t, n, N), C.unpack_lse(lse_t, n, N)          # [B, n, N, H], [B, N, n]
     # An empty selection (n_valid = 0) gives lse -inf and weight 0; its (finite) output is zeroed anyway.
     o_p = jnp.where(jnp.isfinite(lse_p).transpose(0, 2, 1)[..., None], o_p, 0.0)
