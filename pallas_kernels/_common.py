@@ -30,9 +30,9 @@ LN2 = math.log(2.0)
 # Finite start for the running max: with masked logits at -inf, exp2(m_prev - m_new) stays NaN-free
 # even for a row that has seen no valid key yet (its l stays 0 and `finalize` reports lse = -inf).
 M_INIT = -1e30
-# Hardware facts of the GPU the defaults were chosen on (an H200, sm_90), used where the device cannot be asked:
-# interpret mode and lowering for an abstract GPU.
-H200_SMS = 132
+# Hardware facts of the GPU the defaults were chosen for (a Hopper sm_90 SXM part), used where the device cannot
+# be asked: interpret mode and lowering for an abstract GPU.
+SM90_SMS = 132
 SMEM_PER_SM = 228 * 1024   # shared memory per SM
 
 
@@ -84,8 +84,8 @@ def row_block(rows: int, block_m: int) -> int:
 def num_sms() -> int:
     dev = jax.devices()[0]
     if dev.platform == "gpu":
-        return getattr(dev, "core_count", None) or H200_SMS
-    return H200_SMS  # interpret mode / lowering for an abstract H200
+        return getattr(dev, "core_count", None) or SM90_SMS
+    return SM90_SMS  # interpret mode / lowering for an abstract sm_90 GPU
 
 
 def resident_programs(bs: "BlockSizes", block_k: int, head_dim: int, dtype) -> int:

@@ -46,7 +46,7 @@ def logit_dtype(dtype):
 
 
 def default_block_sizes(rows: int, head_dim: int, dtype, causal: bool = True) -> C.BlockSizes:
-    """Defaults for an sm_90 GPU (228 KB SMEM/SM, 132 SMs: an H200), chosen by the packed row count rows = T*G.
+    """Defaults for an sm_90 GPU (228 KB SMEM/SM, 132 SMs), chosen by the packed row count rows = T*G.
 
     Decode/verify (rows <= 64): one row block holds every packed row, so K/V are read once per KV head;
     block_k = 128 keys keeps 2 pipeline stages of K+V tiles (2*2*128*H*2 bytes = 128 KB at H=128, bf16)

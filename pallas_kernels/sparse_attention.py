@@ -36,7 +36,7 @@ from . import xla
 
 
 def default_block_sizes(rows: int, head_dim: int, dtype) -> C.BlockSizes:
-    """Defaults (chosen on an H200): all packed rows in one tile (each gathered row is read once per KV head) and
+    """Defaults (chosen on an sm_90 GPU): all packed rows in one tile (each gathered row is read once per KV head) and
     128 gathered entries per step (64 when a K+V tile pair would not fit 2 stages in SMEM). Split-K is
     chosen automatically (`_common.split_plan`: ~4 programs per SM without a badly filled last wave, at least
     2 blocks per split: a 5% budget of 128K is only ~50 blocks, which a batch of one must still spread over
