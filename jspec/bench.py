@@ -14,7 +14,9 @@ Workloads (`--workload`):
 
 Each record: method, knobs, L, B, prompt lengths, new tokens, tokens/s (new tokens after the first / decode
 time), tau, speedup over `ar` in the same run, the share of rows whose tokens equal `ar`'s, the share of
-distinct tokens in the output (a model that loops flatters prompt lookup), and `lossless` (False under a sparse
+distinct tokens in the output (a model that loops flatters prompt lookup), the batch's rounds (`rounds_max`: it
+loops until its slowest row is done; ar: one per token after the prefill's) and the time of one (`round_ms`), and
+`lossless` (False under a sparse
 verification, `verify=...`; such a record also carries `fidelity` against the same drafter verified densely
 when the run has it: mean tokens to the first divergence and the share of identical rows).
 
@@ -360,6 +362,10 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                            tau=round(s.tau, 3), speedup_vs_ar=round(s.tokens_per_s / ref["tps"], 3),
                            rows_identical_to_ar=round(1 - len(diffs) / B, 4), lossless=s.lossless,
                            distinct_token_share=distinct_share(toks), kinds=[p.kind for p in prompts])
+                # The batch loops until its slowest row is done: its rounds (ar: one per token after the
+                # prefill's) and the time of one, which compares workloads whose rows differ in tau or length.
+                rounds = max(s.rounds) if s.rounds else max(s.new_tokens) - 1
+                rec.update(rounds_max=int(rounds), round_ms=round(1000 * s.decode_s / max(rounds, 1), 3))
                 outputs[spec.label] = toks
                 if not s.lossless:   # against the same drafter verified densely, when this run has it
                     rec["fidelity"] = fidelity(spec, methods, outputs)

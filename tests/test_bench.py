@@ -95,6 +95,8 @@ def test_ar_loop_ab_runs_both_loops_in_one_call(monkeypatch):
     assert seen == [None, None, "decode", "decode"]     # warm-up + timed call each
     assert [r["method"] for r in recs] == ["ar", "ar:loop=decode"] and recs[1]["knobs"] == {"loop": "decode"}
     assert recs[1]["rows_identical_to_ar"] == 1.0 and recs[1]["tokens_per_s"] > 0
+    for r in recs:   # 5 new tokens, the first from the prefill: 4 rounds, round_ms = decode / 4 (both rounded)
+        assert r["rounds_max"] == 4 and abs(4 * r["round_ms"] - 1000 * r["decode_s"]) <= 0.06
     summary = bench.summarize(recs, [])["L40_B2"]
     assert summary["best"] is None and "ar:loop=decode" in summary["speedup_vs_ar"]
 
@@ -199,6 +201,7 @@ def test_exact_summary_on_a_tiny_model():
     for r in records:
         d = r["default_tokens_per_s"]   # rounded to 0.1 tok/s in the record, the fraction from the raw figures
         assert r["exact"] and d > 0 and abs(r["exact_cost_frac"] - (d - r["tokens_per_s"]) / d) < 1e-3
+    assert records[0]["rounds_max"] == 5 and 1 <= records[1]["rounds_max"] <= 5   # 6 new: 5 after the prefill's
     s = bench.exact_summary(records)
     assert s["exact_rows_identical_frac_min"] == 1.0 and s["exact_methods"] == [records[1]["method"]]
     assert s["exact_cost_frac_max"] == max(r["exact_cost_frac"] for r in records)
