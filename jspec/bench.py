@@ -84,10 +84,10 @@ class MethodSpec:
             if not eq:
                 raise BenchError(f"method {text!r}: knob {kv!r} is not key=value")
             knobs[k.strip()] = _value(v.strip())
-        from jspec.speculative.config import METHODS, SpecConfig, Verify
+        from jspec.speculative.config import KNOBS, METHODS, Verify
         # The verification axis: verify=<kind>, profile=<file> and verify_<field> (jspec.generate's keywords).
         verify = {"verify", "profile"} | {f"verify_{f.name}" for f in dataclasses.fields(Verify)} - {"verify_kind"}
-        fields = ({f.name for f in dataclasses.fields(SpecConfig)} - {"method"}) | verify
+        fields = (set(KNOBS) - {"method"}) | verify
         if method not in ("ar",) + METHODS:
             raise BenchError(f"unknown method {method!r} in {text!r}; available: ar, {', '.join(METHODS)}")
         bad = sorted(set(knobs) - fields - {"loop"})
