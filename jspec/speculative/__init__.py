@@ -23,8 +23,8 @@ verification sparse instead (Dustin and its baselines: lossy, sparse_verify.py):
 Methods (one module each, one shared engine): streaming, quest, vegas, longspec (+ tree.py: draft trees and
 their lossless acceptance). See engine.py and docs/methods.md.
 """
-from jspec.speculative.config import (METHODS, LongSpecOptions, QuestOptions, SpecConfig, StreamingOptions, VegasOptions,
-                                      Verify)
+from jspec.speculative.config import (METHODS, LongSpecOptions, QuestOptions, SpecConfig, StreamingOptions,
+                                      VegasOptions, Verify)
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating
 from jspec.speculative.serving import ServeStats, serve
 

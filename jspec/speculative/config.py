@@ -244,7 +244,7 @@ SHARED = ("method", "gamma", "budget", "ratio", "min_tokens", "max_tokens", "loo
 KNOBS = SHARED + tuple(f.name for cls in OPTIONS.values() for f in dataclasses.fields(cls))
 
 
-def _owner(knob: str) -> Optional[str]:
+def knob_owner(knob: str) -> Optional[str]:
     """The method whose options hold `knob` (None: not a method option)."""
     return next((m for m, cls in OPTIONS.items() if knob in {f.name for f in dataclasses.fields(cls)}), None)
 
@@ -255,7 +255,7 @@ def method_options(method: str, options=None, **knobs):
     cls = OPTIONS.get(method)
     for k in knobs:
         if cls is None or k not in {f.name for f in dataclasses.fields(cls)}:
-            owner = _owner(k)
+            owner = knob_owner(k)
             if owner is None:
                 raise TypeError(f"SpecConfig got an unexpected keyword argument {k!r}")
             takes = "no options" if cls is None else ", ".join(f.name for f in dataclasses.fields(cls))
@@ -467,7 +467,7 @@ def read_config(src) -> dict:
         if name not in src:
             continue
         value = _field_value(where, _FIELDS[name], src[name])
-        owner = _owner(name)
+        owner = knob_owner(name)
         if owner not in (None, method):   # another method's knob
             if value == _FIELDS[name].default:
                 continue
