@@ -150,16 +150,17 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
     with draft length `gamma` (default 4), selection `budget` (KV slots, default 512) or `ratio`, and further
-    `jspec.speculative.SpecConfig` knobs (sink, page_size, min_tokens, max_tokens, score_mode, collect, lookup:
-    that many prompt-lookup tokens verified after the drafts) as keywords. config: a tuned speculative config --
-    the JSON `jspec tune` writes (a path or its dict) or a SpecConfig -- whose method and knobs become the
-    defaults; the keywords given here override them.
+    `jspec.speculative.SpecConfig` knobs as keywords: shared (min_tokens, max_tokens, lookup: that many
+    prompt-lookup tokens verified after the drafts) or the method's own options (streaming: sink; quest:
+    page_size; vegas: select_page, score_mode, collect, topk; another method's is an error). config: a tuned
+    speculative config -- the JSON `jspec tune` writes (a path or its dict) or a SpecConfig -- whose method and
+    knobs become the defaults; the keywords given here override them.
     "longspec" drafts with a trained drafter block: `drafter` is a `jspec.drafter.Drafter` or its directory,
     default the bundled checkpoints/drafters/<model name> (SmolLM2-135M has one); knobs mode="tree"|"chain",
     tree_widths, gamma (chain length), lookup (a prompt-lookup chain of this many tokens verified beside the
     tree, `SpecConfig.lookup`). With none of them (and no config) it drafts the tree the drafter was
     tuned with for this batch size (`Drafter.widths_for(slots or batch)`, its tuned.json, which records where
-    each shape was measured), else SpecConfig's (4, 16, 16, 16, 16).
+    each shape was measured), else LongSpecOptions' (4, 16, 16, 16, 16).
     A model loaded with `load(devices=N)` runs tensor-parallel: the cache is sharded like its heads.
     slots: run the prompts through this many batch slots with continuous batching (`jspec.speculative.serve`:
     a finished slot takes the next prompt) instead of as one static batch (also for "ar");
@@ -287,14 +288,16 @@ def spec_config(method: Optional[str] = None, config=None, *, model_cfg: Optiona
     Args:
       method: "ar" or a speculative method; None: the config's method, else "ar".
       config: None, a SpecConfig, a dict or the path of a JSON file such as `jspec tune` writes
-        (`jspec.speculative.config.read_config` checks it); its fields are the defaults.
+        (`jspec.speculative.config.read_config` checks it); its knobs are the defaults (a config of another
+        method than `method`: its shared knobs only).
       model_cfg: the target's config: a `profile` is checked against it (None: format checks only).
-      knobs: SpecConfig fields given explicitly (None = not given); they override the config's. The
+      knobs: SpecConfig knobs in the flat spelling (shared or the method's own options; None = not given);
+        they override the config's. Another method's knob is an InputError. The
         verification's: `verify` (its kind), `profile` and `verify_<field>` for the other `Verify` fields.
     Raises:
       InputError: unknown method, bad knob, unreadable config or profile, or speculative knobs for "ar".
     """
-    from jspec.speculative.config import read_config
+    from jspec.speculative.config import SHARED, read_config
 
     base = {} if config is None else read_config(config)
     given = {k: v for k, v in knobs.items() if v is not None}
@@ -306,6 +309,8 @@ def spec_config(method: Optional[str] = None, config=None, *, model_cfg: Optiona
         if given or {k: v for k, v in vknobs.items() if (k, v) != ("verify", "dense")}:
             raise InputError(f"options {sorted({**given, **vknobs})} only apply to speculative methods, not 'ar'")
         return None
+    if base and base["method"] != method:   # another method's config: its shared knobs only
+        base = {k: v for k, v in base.items() if k in SHARED}
     if vknobs:
         base["verify"] = verify_config(base.get("verify"), method=method, model_cfg=model_cfg, **vknobs)
     try:

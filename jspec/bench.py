@@ -86,15 +86,18 @@ class MethodSpec:
             if not eq:
                 raise BenchError(f"method {text!r}: knob {kv!r} is not key=value")
             knobs[k.strip()] = _value(v.strip())
-        from jspec.speculative.config import METHODS, SpecConfig, Verify
+        from jspec.speculative.config import KNOBS, METHODS, Verify, knob_owner
         # The verification axis: verify=<kind>, profile=<file> and verify_<field> (jspec.generate's keywords).
         verify = {"verify", "profile"} | {f"verify_{f.name}" for f in dataclasses.fields(Verify)} - {"verify_kind"}
-        fields = ({f.name for f in dataclasses.fields(SpecConfig)} - {"method"}) | verify
+        fields = (set(KNOBS) - {"method"}) | verify
         if method not in ("ar",) + METHODS:
             raise BenchError(f"unknown method {method!r} in {text!r}; available: ar, {', '.join(METHODS)}")
         bad = sorted(set(knobs) - fields - {"loop"})
         if bad:
             raise BenchError(f"method {text!r}: unknown knob(s) {bad}; SpecConfig has {sorted(fields)}")
+        foreign = sorted(k for k in knobs if knob_owner(k) not in (None, method))
+        if foreign and method != "ar":
+            raise BenchError(f"method {text!r}: {', '.join(f'{k} is a {knob_owner(k)} option' for k in foreign)}")
         if method == "ar" and set(knobs) - {"loop"}:
             raise BenchError(f"method {text!r}: 'ar' takes no knobs (only loop=decode, the old loop's A/B)")
         if "loop" in knobs and (method != "ar" or knobs["loop"] not in AR_LOOPS):

@@ -65,7 +65,7 @@ def test_method_specs_parse_and_refuse_bad_ones():
                                                         ("longspec", {"lookup": 4}), ("quest", {})]
     for bad, msg in [("nope", "unknown method"), ("vegas:frob=1", "unknown knob"), ("vegas:gamma", "key=value"),
                      ("ar:gamma=2", "no knobs"), ("vegas+lookupx", "positive N"), ("vegas:loop=decode", "'ar' only"),
-                     ("ar:loop=fast", "'ar' only")]:
+                     ("ar:loop=fast", "'ar' only"), ("streaming:select_page=8", "select_page is a vegas option")]:
         with pytest.raises(bench.BenchError, match=msg):
             bench.MethodSpec.parse(bad)
     # The old plain-decoding loop beside ar through the engine (issue 28's A/B; goes with that loop)

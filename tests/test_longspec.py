@@ -491,7 +491,7 @@ def test_sampled_engine_rounds_follow_the_target_distribution(lookup):
 
 def test_config_and_missing_drafter():
     spec = SpecConfig("longspec", tree_widths=[4, 16, 16, 16, 16])
-    assert spec.tree_widths == (4, 16, 16, 16, 16) and spec.depth == 5 and spec.capacity_margin() == 69
+    assert spec.options.tree_widths == (4, 16, 16, 16, 16) and spec.depth == 5 and spec.capacity_margin() == 69
     chain = SpecConfig("longspec", mode="chain", gamma=6)
     assert chain.widths == (1,) * 6 and chain.capacity_margin() == 7
     assert SpecConfig("vegas", gamma=4).capacity_margin() == 5 and SpecConfig("vegas", gamma=4).depth == 4

@@ -152,7 +152,7 @@ def test_insert_puts_a_fresh_row_and_leaves_the_others(method):
     slots are untouched."""
     from jspec.speculative import engine
     cfg, params, prompts = _setup(local=False)
-    spec = SpecConfig(method, gamma=2, budget=16, min_tokens=16, page_size=4)
+    spec = SpecConfig(method, gamma=2, budget=16, min_tokens=16, **({"page_size": 4} if method == "quest" else {}))
     tokens, lengths = gen.pad_prompts(prompts[:3])
     st = engine.start(spec, GREEDY, engine.init(params, cfg, spec, jnp.asarray(tokens), jnp.asarray(lengths), CAP),
                       jax.random.key(0), NEW)

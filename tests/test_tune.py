@@ -22,7 +22,8 @@ import jspec
 from conftest import CharTokenizer
 from jspec import cli, model
 from jspec.config import ModelConfig
-from jspec.speculative import SpecConfig
+from jspec.speculative import LongSpecOptions, SpecConfig
+from jspec.speculative.config import KNOBS
 from jspec.offline.tune import pick_page, read_config, search, tune
 
 RATIOS = [0.01, 0.02, 0.05, 0.1, 0.2]
@@ -122,14 +123,14 @@ def test_stage4_keeps_the_fastest_page_size_single_slots_on_a_tie():
     calls, announced = [], []
 
     def measure(spec):
-        calls.append((spec.ratio, spec.gamma, spec.select_page))
-        return 2.0, speed[spec.select_page] if spec.gamma == 3 else 1.0
+        calls.append((spec.ratio, spec.gamma, spec.options.select_page))
+        return 2.0, speed[spec.options.select_page] if spec.gamma == 3 else 1.0
 
     found = search(measure, make_spec, ratios=[0.1, 0.2], gammas=[2, 3], plateau_tol=0.5)
     assert found["gamma"] == 3 and "select_page" not in found
     n = len(calls)
     res = pick_page(measure, make_spec, found, [16, 1, 8], precompile=lambda specs: announced.extend(
-        (s.ratio, s.gamma, s.select_page) for s in specs))
+        (s.ratio, s.gamma, s.options.select_page) for s in specs))
     assert res["select_page"] == 8 and (res["ratio"], res["gamma"]) == (found["ratio"], found["gamma"])
     new = res["measurements"][n:]
     assert [(m["stage"], m["select_page"]) for m in new] == [(4, 8), (4, 16)]   # single slots: already measured
@@ -250,7 +251,7 @@ def test_cli_flags_override_the_config(tuned, tiny, monkeypatch):
     res, path, _ = tuned
     seen = []
 
-    fields = {f.name for f in dataclasses.fields(SpecConfig)}
+    fields = set(KNOBS)   # the flat knob spellings generate takes
 
     def fake_generate(m, prompts, *, method, config, **kw):   # the config generate will run
         seen.append((method, jspec.api.spec_config(method, config, **{k: v for k, v in kw.items() if k in fields})))
@@ -268,7 +269,7 @@ def test_cli_flags_override_the_config(tuned, tiny, monkeypatch):
     assert cli.main(base + ["--gamma", "3", "--budget", "32", "--score-mode", "logits"]) == 0
     assert seen[-1] == ("vegas", dataclasses.replace(want, gamma=3, budget=32, score_mode="logits"))
     assert cli.main(base + ["--method", "streaming"]) == 0
-    assert seen[-1] == ("streaming", dataclasses.replace(want, method="streaming"))
+    assert seen[-1] == ("streaming", dataclasses.replace(want, method="streaming", options=None))
     assert cli.main(base + ["--method", "ar"]) == 0
     assert seen[-1] == ("ar", None)
 
@@ -387,7 +388,7 @@ def test_tune_longspec_keeps_the_fastest_shape_and_stays_lossless(tiny, tmp_path
     assert lines[0].startswith("ar (plain") and res["speedup_vs_ar"] == pytest.approx(res["tokens_per_s"] /
                                                                                       res["ar_tokens_per_s"])
     spec = SpecConfig(**read_config(str(path)))
-    assert (spec.method, spec.mode, spec.gamma, spec.window) == ("longspec", res["mode"], 3, 16)
+    assert (spec.method, spec.options.mode, spec.gamma, spec.options.window) == ("longspec", res["mode"], 3, 16)
     # the tuned config decodes exactly what plain greedy decoding does
     prompts = ["tune the tree", "and its batch"]
     out = jspec.generate(tiny, prompts, config=str(path), drafter=drafter, max_new_tokens=6, ignore_eos=True)
@@ -433,7 +434,7 @@ def test_generate_drafts_the_drafters_tuned_shape(tiny, tmp_path, monkeypatch, c
     assert run(two, slots=1)[1] == ("tree", (2, 2))                  # one slot: batch 1's shape
     assert run(two, tree_widths=(3,))[1] == ("tree", (3,))
     assert run(one, mode="chain")[1] == ("chain", 4)
-    assert run(one, gamma=2)[1] == ("tree", SpecConfig.tree_widths)  # a named gamma: no tuned shape
+    assert run(one, gamma=2)[1] == ("tree", LongSpecOptions.tree_widths)  # a named gamma: no tuned shape
     # The CLI passes flags through as given: no --widths means the tuned shape.
     monkeypatch.setattr(jspec, "load", lambda name: tiny)
     argv = ["generate", "--method", "longspec", "--drafter", d, "--prompt", "hi", "--max-new-tokens", "4", "--json"]

@@ -21,8 +21,9 @@ its first run compiles and warms up, and the fastest of `reps` timed runs counts
     result = tune(jspec.load("smollm2-135m"), prompt_tokens=2048, batch=4, out="tune.json")
     jspec.generate(model, prompts, config="tune.json")          # or: jspec generate --config tune.json
 
-The JSON holds the SpecConfig fields (method, gamma, budget, ratio, min_tokens, max_tokens, score_mode,
-collect), the measurements and where they were taken (model, prompt_tokens, batch, device, jax version).
+The JSON holds the SpecConfig knobs in their flat form (`SpecConfig.describe()`: the shared knobs, verify and
+the method's own, e.g. vegas' select_page), the measurements and where they were taken (model, prompt_tokens,
+batch, device, jax version).
 
 LongSpec has no ratio: `tune(model, method="longspec")` measures each candidate draft shape (`trees`: tree
 widths per level; all-ones widths run as a chain) with the same harness and keeps the fastest. Which shape
@@ -48,7 +49,7 @@ import numpy as np
 from jspec.attention import AttnImpl
 from jspec.config import SamplingConfig
 from jspec.errors import InputError
-from jspec.speculative.config import METHODS, SpecConfig
+from jspec.speculative.config import METHODS, LongSpecOptions, SpecConfig, StreamingOptions
 # The config-file helpers live beside SpecConfig (the API reads config files too); kept importable from here.
 from jspec.speculative.config import draft_widths, read_config, write_config  # noqa: F401
 
@@ -240,6 +241,8 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
             if int(g) < 1:
                 raise InputError(f"gamma {g} must be >= 1")
         pages = _page_sizes(pages) if method == "vegas" else [1]   # checked before the prefill
+        if method != "vegas" and (score_mode, collect) != ("weights", "c2q"):
+            raise InputError(f"score_mode and collect are vegas options, not {method!r}'s")
     cfg = model.cfg
     if prompts is None:
         from jspec import data
@@ -261,7 +264,7 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     elif min_tokens is None:
         min_tokens = min(256, max(1, math.ceil(min(ratios) * int(lengths.min()))))
         if method == "streaming":
-            min_tokens = max(min_tokens, SpecConfig.sink)
+            min_tokens = max(min_tokens, StreamingOptions.sink)
 
     def make_spec(ratio: float, gamma: int, page: int = 1) -> SpecConfig:
         # The static width covers ceil(ratio * context) up to the longest context measured, in whole units of
@@ -269,15 +272,16 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         unit = math.lcm(8, page)
         width = -(-max(min_tokens, math.ceil(ratio * context)) // unit) * unit
         try:
-            return SpecConfig(method=method, gamma=gamma, budget=width, ratio=ratio, min_tokens=min_tokens,
-                              score_mode=score_mode, collect=collect, select_page=page)
+            own = dict(score_mode=score_mode, collect=collect, select_page=page) if method == "vegas" else {}
+            return SpecConfig(method=method, gamma=gamma, budget=width, ratio=ratio, min_tokens=min_tokens, **own)
         except TypeError as e:
             raise InputError(f"bad speculative option: {e}") from None
 
     def tree_spec(widths: tuple) -> SpecConfig:
         chain = max(widths) == 1
         return SpecConfig(method="longspec", mode="chain" if chain else "tree", gamma=len(widths),
-                          tree_widths=widths if not chain else SpecConfig.tree_widths, window=drafter.window)
+                          tree_widths=widths if not chain else LongSpecOptions.tree_widths,
+                          window=drafter.window)
 
     if longspec:
         [tree_spec(t) for t in trees]   # bad shapes fail before the prefill
@@ -389,10 +393,11 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     for rec in found["measurements"]:
         rec.setdefault("select_page", 1)
         rec["budget"] = make_spec(rec["ratio"], rec["gamma"], rec["select_page"]).budget
+    page = found["select_page"]
     chosen = next(m for m in found["measurements"]
-                  if (m["ratio"], m["gamma"], m["select_page"]) == (best.ratio, best.gamma, best.select_page))
+                  if (m["ratio"], m["gamma"], m["select_page"]) == (best.ratio, best.gamma, page))
     return _finish(best, chosen, found["measurements"], f"ratio {best.ratio:.4g}, gamma {best.gamma}, budget "
-                   f"{best.budget}" + (f", pages of {best.select_page}" if best.select_page > 1 else ""),
+                   f"{best.budget}" + (f", pages of {page}" if page > 1 else ""),
                    model=model, lengths=lengths, batch=B, max_new_tokens=max_new_tokens,
                    reps=reps, ar_tps=ar_tps, out=out, say=say, stage1_ratio=found["stage1_ratio"],
                    ratios=sorted({float(r) for r in ratios}), gammas=sorted({int(g) for g in gammas}),
@@ -413,15 +418,15 @@ def _tune_trees(trees, tree_spec, measure, precompile, *, jobs, progress, say, o
             for t in group:
                 spec = tree_spec(t)
                 tau, tps = measure(spec)
-                rec = {"tree_widths": list(t), "mode": spec.mode, "nodes": sum(t), "tau": float(tau),
+                rec = {"tree_widths": list(t), "mode": spec.options.mode, "nodes": sum(t), "tau": float(tau),
                        "tokens_per_s": float(tps)}
                 records.append(rec)
                 bar.update(1)
-                say(f"{spec.mode:<5s} {','.join(map(str, t)):<16s} nodes {sum(t):<4d} tau {tau:6.3f}  "
+                say(f"{spec.options.mode:<5s} {','.join(map(str, t)):<16s} nodes {sum(t):<4d} tau {tau:6.3f}  "
                     f"{tps:9.1f} tok/s")
     best_i = max(range(len(records)), key=lambda i: (records[i]["tokens_per_s"], -i))
     best, chosen = tree_spec(trees[best_i]), records[best_i]
-    return _finish(best, chosen, records, f"{best.mode} {','.join(map(str, trees[best_i]))}", model=model,
+    return _finish(best, chosen, records, f"{best.options.mode} {','.join(map(str, trees[best_i]))}", model=model,
                    lengths=lengths, batch=batch, max_new_tokens=max_new_tokens, reps=reps, ar_tps=ar_tps, out=out,
                    say=say, drafter=drafter_path, trees=[list(t) for t in trees])
 
@@ -433,7 +438,7 @@ def _finish(best: SpecConfig, chosen: dict, measurements: list, what: str, *, mo
     written to `out` and announced in one line."""
     d = jax.devices()[0]
     result = {
-        **dataclasses.asdict(best),
+        **best.describe(),
         "tau": chosen["tau"], "tokens_per_s": chosen["tokens_per_s"], "measurements": measurements, **extra,
         "model": model.path, "prompt_tokens": int(lengths.max()), "batch": batch, "max_new_tokens": max_new_tokens,
         "reps": reps, "device": f"{d.platform}:{getattr(d, 'device_kind', '?')}",

@@ -3,6 +3,8 @@ drafter drafts a chain or a tree; one target forward verifies each round. `SpecC
 verification sparse instead (Dustin and its baselines: lossy, sparse_verify.py):
 
     spec = SpecConfig("vegas", verify=Verify("dustin", budget=512))     # or Verify.from_profile(profile)
+    # shared knobs on SpecConfig, the method's own in its options object (flat keywords work too):
+    spec = SpecConfig("vegas", budget=512, options=VegasOptions(select_page=8))   # == ..., select_page=8)
 
     state = jspec.speculative.init(params, cfg, spec, prompt_tokens, prompt_lengths, capacity)
     tokens, n_out, stats = jspec.speculative.run(params, cfg, spec, samp, state, key, max_new_tokens)
@@ -21,9 +23,10 @@ verification sparse instead (Dustin and its baselines: lossy, sparse_verify.py):
 Methods (one module each, one shared engine): streaming, quest, vegas, longspec (+ tree.py: draft trees and
 their lossless acceptance). See engine.py and docs/methods.md.
 """
-from jspec.speculative.config import METHODS, SpecConfig, Verify
+from jspec.speculative.config import (METHODS, LongSpecOptions, QuestOptions, SpecConfig, StreamingOptions,
+                                      VegasOptions, Verify)
 from jspec.speculative.engine import SpecStats, State, init, prepare, run, run_donating
 from jspec.speculative.serving import ServeStats, serve
 
-__all__ = ["METHODS", "ServeStats", "SpecConfig", "SpecStats", "State", "Verify", "init", "prepare", "run",
-           "run_donating", "serve"]
+__all__ = ["METHODS", "LongSpecOptions", "QuestOptions", "ServeStats", "SpecConfig", "SpecStats", "State",
+           "StreamingOptions", "VegasOptions", "Verify", "init", "prepare", "run", "run_donating", "serve"]

@@ -91,6 +91,11 @@ def _method(spec: SpecConfig):
     return METHOD_MODULES[spec.method]
 
 
+def _score_mode(spec: SpecConfig) -> str:
+    """How the collected scores rank: vegas' option; the other methods collect none (the value goes unused)."""
+    return spec.options.score_mode if spec.method == "vegas" else "weights"
+
+
 # ------------------------------------------------------------------------------------------------- init
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "capacity", "impl"))
@@ -139,7 +144,7 @@ def prepare(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache,
     has been decoded from can be reused after `kv_cache.rollback` to the prompt lengths.
 
     longspec also needs `drafter` (its params) and `prompt_tokens` int32[B, P] (right-padded, real lengths
-    = cache.lengths; at least each row's last `spec.window` tokens matter): the drafter's ring is filled
+    = cache.lengths; at least each row's last `spec.options.window` tokens matter): the drafter's ring is filled
     from them. With spec.lookup every method needs `prompt_tokens` (the lookup reads each row's text)."""
     return _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter, prompt_tokens)
 
@@ -181,7 +186,7 @@ def _prepare_method(params, cfg, spec, cache, logits, last_token, impl, drafter,
     # shapes, 32K x 16, that copy does not fit on one GPU).
     saved_k, saved_v, last_token = jax.lax.optimization_barrier((saved_k, saved_v, last_token))
     _, scored, aux = model.forward(params, cfg, last_token[:, None], kv_cache.rollback(cache, point),
-                                   score_rows=(0,), score_mode=spec.score_mode, impl=impl)
+                                   score_rows=(0,), score_mode=_score_mode(spec), impl=impl)
     cache = kv_cache.KVCache(k=scored.k.at[:, b, point].set(saved_k), v=scored.v.at[:, b, point].set(saved_v),
                              lengths=lengths)
     return State(cache=cache, logits=logits, method=m.init(spec, cfg, cache, aux["scores"], point), tokens=tokens)
@@ -253,7 +258,7 @@ def verify(params, cfg: ModelConfig, spec: SpecConfig, cache, last, drafts, impl
     """
     rows = _method(spec).score_rows(spec)
     block = jnp.concatenate([last[:, None], drafts], axis=1)
-    logits, cache, aux = model.forward(params, cfg, block, cache, score_rows=rows, score_mode=spec.score_mode,
+    logits, cache, aux = model.forward(params, cfg, block, cache, score_rows=rows, score_mode=_score_mode(spec),
                                        impl=impl, live=live)
     return logits, cache, aux.get("scores")
 
@@ -401,7 +406,7 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
             block = jnp.concatenate([st.last[:, None], drafts], axis=1)
             logits, cache, scores, vs = sparse_verify.forward(
                 params, cfg, spec, vs, block, cache, a_d, score_rows=_method(spec).score_rows(spec),
-                score_mode=spec.score_mode, impl=impl, live=live)
+                score_mode=_score_mode(spec), impl=impl, live=live)
         n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
 
     # Emit d1..dn + next, cut after the first stop token and at max_new_tokens; finished rows emit nothing.

@@ -65,7 +65,7 @@ def init(drafter, params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, pro
          capacity: int | None = None) -> State:
     """The ring after a prefill: the last W prompt tokens' drafter K/V (lengths = prompt_lengths); with
     spec.lookup also the prompt tokens by cache slot (`capacity` slots, default the prompt's width)."""
-    dcache = drafter_fill(_need(drafter), params, cfg, prompt_tokens, prompt_lengths, window=spec.window,
+    dcache = drafter_fill(_need(drafter), params, cfg, prompt_tokens, prompt_lengths, window=spec.options.window,
                           dtype=cfg.dtype)
     tokens = lookup_lib.record(prompt_tokens, capacity or prompt_tokens.shape[1]) if spec.lookup else None
     return State(dcache=dcache, tokens=tokens)

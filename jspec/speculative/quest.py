@@ -43,21 +43,21 @@ def score_rows(spec):
 
 def tail_slots(spec):
     # Partial page (<= page_size - 1 slots) + the drafts before draft step j (<= gamma - 1).
-    return spec.page_size + spec.gamma - 2
+    return spec.options.page_size + spec.gamma - 2
 
 
 def init(spec, cfg, cache, scores, point):
-    mins, maxs = selection.page_minmax(cache.k, spec.page_size)
+    mins, maxs = selection.page_minmax(cache.k, spec.options.page_size)
     return State(mins=mins, maxs=maxs)
 
 
 def begin_round(spec, cfg, state, lengths):
-    return RoundSel(mins=state.mins, maxs=state.maxs, n_complete=lengths // spec.page_size,
-                    n_pages=spec.k(lengths) // spec.page_size, lengths=lengths)
+    return RoundSel(mins=state.mins, maxs=state.maxs, n_complete=lengths // spec.options.page_size,
+                    n_pages=spec.k(lengths) // spec.options.page_size, lengths=lengths)
 
 
 def draft_kwargs(spec, sel, j):
-    page = spec.page_size
+    page = spec.options.page_size
     start = sel.n_complete * page
 
     def selector(layer, q):
@@ -76,7 +76,7 @@ def update(spec, state, cache, scores, point):
     The pages it completes are point // P .. (point + n + 1) // P - 1, at most
     floor((point % P + depth + 1) / P) <= ceil((depth + 1) / P) of them (point % P <= P - 1): a block that
     straddles a page boundary is covered by the ceiling, no extra page needed."""
-    count = -(-(spec.depth + 1) // spec.page_size)
-    mins, maxs = selection.update_pages(state.mins, state.maxs, cache.k, point // spec.page_size, count=count,
-                                        page=spec.page_size)
+    count = -(-(spec.depth + 1) // spec.options.page_size)
+    mins, maxs = selection.update_pages(state.mins, state.maxs, cache.k, point // spec.options.page_size, count=count,
+                                        page=spec.options.page_size)
     return State(mins=mins, maxs=maxs)

@@ -32,7 +32,7 @@ def init(spec, cfg, cache, scores, point):
 
 def begin_round(spec, cfg, state, lengths):
     """Sink + window over the accepted prefix [0, lengths), the same set for every layer."""
-    idx, n = selection.streaming(lengths, spec.k(lengths), sink=spec.sink, slots=spec.slots)
+    idx, n = selection.streaming(lengths, spec.k(lengths), sink=spec.options.sink, slots=spec.slots)
     # Fill the tail up to the last draft step's needs; step j counts only its first j entries (draft_kwargs).
     idx, n = selection.with_tail(idx, n, lengths, lengths + spec.gamma - 1, tail_slots=tail_slots(spec))
     n = n - (spec.gamma - 1)

@@ -40,7 +40,7 @@ class State:
 
 
 def score_rows(spec):
-    if spec.collect == "all":
+    if spec.options.collect == "all":
         return tuple(range(spec.gamma + 1))
     return tuple(sorted({0, spec.gamma}))
 
@@ -48,15 +48,15 @@ def score_rows(spec):
 def tail_slots(spec):
     # A round emits up to depth + 1 = gamma + lookup + 1 tokens after the point, then gamma - 1 drafts are
     # written; select_page > 1: the tail starts at the page-aligned start, up to select_page - 1 slots earlier
-    return spec.depth + spec.gamma + spec.select_page - 1
+    return spec.depth + spec.gamma + spec.options.select_page - 1
 
 
 def _select(spec, scores, point):
-    if spec.select_page > 1:   # whole aligned pages (selection.topk_pages_before); the tail from the page start
+    if spec.options.select_page > 1:   # whole aligned pages (selection.topk_pages_before); the tail from the page start
         idx, n, start = selection.topk_pages_before(scores, point, spec.k(point), slots=spec.slots,
-                                                    page=spec.select_page, method=spec.topk)
+                                                    page=spec.options.select_page, method=spec.options.topk)
         return State(idx=idx, n_valid=n, point=start)
-    idx, n = selection.topk_before(scores, point, spec.k(point), slots=spec.slots, method=spec.topk)
+    idx, n = selection.topk_before(scores, point, spec.k(point), slots=spec.slots, method=spec.options.topk)
     return State(idx=idx, n_valid=n, point=point)
 
 
