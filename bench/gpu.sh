@@ -13,6 +13,9 @@
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
+#   exact64 / exact16  bf16 exact mode (`--exact --exact-cost`) at L=7936 for one batch size: every lossless
+#                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}_h200.json
+#   arloop           ar through the engine vs the old loop (ar:loop=decode) at L=7936, B=1 and 16
 #   heads            Dustin: `jspec profile-heads` at L=8000, budget 512, for the self drafter (vegas reads) and the
 #                    LongSpec drafter -> $OUT/dustin_heads_{self,longspec}_h200.json + .png; also kept in $C for
 #                    later `dustin64` / `fidelity` calls on the warm machine
@@ -51,6 +54,10 @@ for mode in "$@"; do
     b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 7936 --batches "${mode#b}" \
                   --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
+    exact64|exact16) timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus --out "$OUT/${mode}_h200.json" \
+                  --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 --batches "${mode#exact}" 2>&1 \
+                  | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}_h200_log.txt" | tail -25 ;;
+    arloop) run arloop "${T_RUN:-200}" --methods ar:loop=decode --lengths 7936 --batches 1,16 ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths 7936 --batches 64 ;;
     heads) for d in self longspec; do
