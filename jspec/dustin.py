@@ -273,11 +273,26 @@ def _by_group(heads, n_heads: int, n_kv: int) -> dict:
     return {g: tuple(ns) for g, ns in sorted(groups.items())}
 
 
+def _logsumexp(s):
+    """log(sum(exp(s))) over the last axis in one reduction (a running max and the sum rescaled to it, as flash
+    attention keeps them); -inf where every entry is -inf."""
+    def combine(x, y):
+        m = jnp.maximum(x[0], y[0])
+        rescale = lambda mx, total: jnp.where(mx == -jnp.inf, 0.0, total * jnp.exp(mx - m))   # noqa: E731
+        return m, rescale(*x) + rescale(*y)
+
+    m, total = lax.reduce((s, jnp.ones_like(s)), (jnp.float32(-jnp.inf), jnp.float32(0.0)), combine,
+                          (s.ndim - 1,))
+    return (m + jnp.log(total))[..., None]
+
+
 def head_weights(q, k, lengths, heads):
     """A signal from a few heads: sum over the rows and the chosen q-heads of softmax(q.k / sqrt(H)) over the
     valid positions; the target-historical A_T (verification rows over the prefix) and LongSpec's A_D (the
     drafter's cross-attention over the target's last layer). Equals `softmax_weights(q, k, lengths)[:, heads]`
-    summed over heads and rows, but reads only the KV groups of the chosen heads.
+    summed over heads and rows (up to float rounding), but reads only the KV groups of the chosen heads, each
+    once and in its own dtype (q.k products accumulated in f32), and normalises each row in one pass over its
+    scores.
 
     Args:
       q: [B, R, N, H] query rows; k: [B, S, K, H] one layer's keys; lengths: int32[B] valid positions.
@@ -287,16 +302,14 @@ def head_weights(q, k, lengths, heads):
     """
     B, R, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
+    dtype = jnp.promote_types(q.dtype, k.dtype)
     valid = (jnp.arange(S)[None] < jnp.asarray(lengths, jnp.int32)[:, None])[:, None, None, :]   # [B, 1, 1, S]
     out = jnp.zeros((B, S), jnp.float32)
     for g, ns in _by_group(heads, N, K).items():   # one small einsum per KV group: its keys are read once
-        qg = q[:, :, jnp.asarray(ns)].astype(jnp.float32)                                # [B, R, n, H]
-        s = jnp.einsum("brnh,bsh->bnrs", qg, k[:, :, g].astype(jnp.float32)) * H ** -0.5
-        s = jnp.where(valid, s, -jnp.inf)
-        mx = jnp.max(s, axis=-1, keepdims=True)
-        e = jnp.where(valid, jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0)), 0.0)
-        den = e.sum(-1, keepdims=True)
-        out = out + (e / jnp.where(den > 0, den, 1.0)).sum(axis=(1, 2))
+        qg = q[:, :, jnp.asarray(ns)].astype(dtype)                                      # [B, R, n, H]
+        s = jnp.einsum("brnh,bsh->bnrs", qg, k[:, :, g].astype(dtype), preferred_element_type=jnp.float32)
+        s = jnp.where(valid, s * H ** -0.5, -jnp.inf)
+        out = out + jnp.where(valid, jnp.exp(s - _logsumexp(s)), 0.0).sum(axis=(1, 2))
     return out
 
 

@@ -319,3 +319,50 @@ def test_profile_round_trip_and_model_check(tmp_path):
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(InputError, match="not readable JSON"):
         read_profile(str(tmp_path / "junk.json"))
+
+
+# ---- head_weights (the A_T probe) -----------------------------------------------------------------------------
+
+def test_logsumexp_one_pass_against_numpy():
+    from jspec.dustin import _logsumexp
+    rng = np.random.default_rng(13)
+    s = (rng.standard_normal((5, 300)) * 60).astype(np.float32)     # exp would overflow without the running max
+    s[1, 100:] = -np.inf
+    s[2] = -np.inf
+    s[3, ::2] = -np.inf
+    got = np.asarray(_logsumexp(s))[:, 0]
+    finite = np.isfinite(s)
+    mx = np.where(finite, s, -np.inf).max(-1)
+    want = np.array([m + np.log(np.exp(r[f].astype(np.float64) - m).sum()) if f.any() else -np.inf
+                     for r, f, m in zip(s, finite, mx)])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert got[2] == -np.inf
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_head_weights_against_numpy(dtype):
+    """Both dtypes, large logits, GQA groups with several chosen heads, ragged and empty rows."""
+    import jax
+    import jax.numpy as jnp
+
+    from jspec.dustin import head_weights
+    rng = np.random.default_rng(14)
+    B, R, N, K, H, S = 3, 2, 8, 4, 16, 150
+    q = jnp.asarray(rng.standard_normal((B, R, N, H)) * 4, dtype)
+    k = jnp.asarray(rng.standard_normal((B, S, K, H)) * 4, dtype)
+    lengths = np.array([150, 33, 0], np.int32)
+    heads = (7, 0, 1, 4)
+    got = np.asarray(jax.jit(head_weights, static_argnums=3)(q, k, lengths, heads))
+    qn, kn = np.asarray(q, np.float64), np.asarray(k, np.float64)   # the inputs as stored (bf16 values exact)
+    want = np.zeros((B, S))
+    for b in range(B):
+        L = lengths[b]
+        for n in heads:
+            for r in range(R):
+                s = kn[b, :L, n // (N // K)] @ qn[b, r, n] / np.sqrt(H)
+                if L:
+                    e = np.exp(s - s.max())
+                    want[b, :L] += e / e.sum()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert (got[1, 33:] == 0).all() and (got[2] == 0).all()
