@@ -96,7 +96,8 @@ def _order_key(score, cand):
 
 def _kth_key(key, n, bits=4):
     """max{t : count(key >= t) >= n} over uint32 keys[S] (all ones when n == 0; 0 when n > S): the n-th largest
-    key, found `bits` bits at a time from the top, each step one count of the keys above 2^bits - 1 candidates."""
+    key, found `bits` bits at a time from the top; each step counts the keys >= 2^bits - 1 candidate thresholds
+    at once (one pass over the row), so 32 / bits passes in all."""
     t = jnp.uint32(0)
     digits = jnp.arange(1, 2 ** bits, dtype=jnp.uint32)[:, None]
     for shift in range(32 - bits, -1, -bits):
