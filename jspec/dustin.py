@@ -27,6 +27,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jspec.errors import InputError
 
@@ -80,7 +81,45 @@ def _ranks(score, cand):
     return jnp.zeros(n, jnp.int32).at[order].set(pos)
 
 
-def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_pages, m_pages):
+def _top_sort(score, cand, n):
+    """The n best candidates (bool mask) by a full sort of the row: the reference for `_top_select`."""
+    return cand & (_ranks(score, cand) < n)
+
+
+def _order_key(score, cand):
+    """uint32 keys ranking units as `_ranks` does: candidates by score (-0.0 == +0.0, NaN below every number)
+    at keys >= 1, non-candidates at 0."""
+    bits = lax.bitcast_convert_type(jnp.where(score == 0, 0.0, score), jnp.uint32)
+    key = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))   # order-preserving image of f32
+    return jnp.where(cand, jnp.where(jnp.isnan(score), jnp.uint32(1), key), jnp.uint32(0))
+
+
+def _kth_key(key, n, bits=4):
+    """max{t : count(key >= t) >= n} over uint32 keys[S] (all ones when n == 0; 0 when n > S): the n-th largest
+    key, found `bits` bits at a time from the top; each step counts the keys >= 2^bits - 1 candidate thresholds
+    at once (one pass over the row), so 32 / bits passes in all."""
+    t = jnp.uint32(0)
+    digits = jnp.arange(1, 2 ** bits, dtype=jnp.uint32)[:, None]
+    for shift in range(32 - bits, -1, -bits):
+        counts = (key[None] >= (t | (digits << shift))).sum(-1, dtype=jnp.int32)   # non-increasing in the digit
+        t = t | ((counts >= n).sum(dtype=jnp.uint32) << shift)
+    return t
+
+
+def _top_select(score, cand, n):
+    """`_top_sort`'s mask without a sort: the keys above the n-th largest, then the ties at it by position."""
+    key = _order_key(score, cand)
+    t = _kth_key(key, n)
+    above = key > t
+    tie = key == t
+    need = n - above.sum(dtype=jnp.int32)
+    return cand & (above | (tie & (jnp.cumsum(tie, dtype=jnp.int32) <= need)))
+
+
+_TOP = {"select": _top_select, "sort": _top_sort}
+
+
+def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_pages, m_pages, method):
     """One sequence: f32[S] scores (S a multiple of page), scalar length -> (idx int32[budget], n_valid)."""
     S = draft.shape[0]
     n_pages = S // page
@@ -97,9 +136,9 @@ def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_p
     left = kp - n_prot                      # >= 0: _check bounds the protected pages by kp
     n1 = jnp.minimum(m_pages, left)
     cand = pvalid & ~prot
-    tier1 = cand & (_ranks(d, cand) < n1)
-    cand2 = cand & ~tier1
-    tier2 = cand2 & (_ranks(t, cand2) < left - n1)
+    top = _TOP[method]
+    tier1 = top(d, cand, n1)
+    tier2 = top(t, cand & ~tier1, left - n1)
     sparse = prot | tier1 | tier2
     # Dense verification when everything fits (length <= budget). The tiers would pick every valid page then
     # too (ceil(length / P) <= kp); the explicit branch states the rule.
@@ -111,20 +150,21 @@ def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_p
     return idx, n_valid
 
 
-@functools.partial(jax.jit, static_argnames=("budget", "sink", "window", "page", "kp", "sink_pages", "m_pages"))
-def _select(draft, target, lengths, *, budget, sink, window, page, kp, sink_pages, m_pages):
+@functools.partial(jax.jit, static_argnames=("budget", "sink", "window", "page", "kp", "sink_pages", "m_pages",
+                                             "method"))
+def _select(draft, target, lengths, *, budget, sink, window, page, kp, sink_pages, m_pages, method):
     B, S = draft.shape
     pad = (-S) % page
     if pad:
         draft = jnp.pad(draft, ((0, 0), (0, pad)))
         target = jnp.pad(target, ((0, 0), (0, pad)))
     row = functools.partial(_select_row, budget=budget, sink=sink, window=window, page=page, kp=kp,
-                            sink_pages=sink_pages, m_pages=m_pages)
+                            sink_pages=sink_pages, m_pages=m_pages, method=method)
     return jax.vmap(row)(draft, target, lengths)
 
 
 def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int = 4, window: int = 64,
-                  m: int | None = None, page: int = 1):
+                  m: int | None = None, page: int = 1, method: str = "select"):
     """Choose I_verify, the cache positions the target verifies against (docs/methods.md).
 
     Per sequence b, with `lengths[b]` cached positions (positions >= lengths[b] are invalid and never chosen,
@@ -150,16 +190,20 @@ def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int 
       m: static tier-1 size in positions, 0 <= m <= budget - sink - window; None: (budget - sink - window) // 2.
         m = 0 is target-only, m = budget - sink - window draft-only.
       page: static page size P.
+      method: how the tiers are ranked, both giving the same selection: "select" (a threshold search for the
+        tier's last key: 8 counting passes over the row, no sort) or "sort" (a full sort of the row per tier).
     Returns:
       idx int32[B, budget]: the chosen positions in idx[b, :n_valid[b]], ascending, distinct, < lengths[b];
         every slot after n_valid[b] holds 0 (padding, to be masked by the caller).
       n_valid int32[B]: min(lengths, budget) at page 1.
     Raises:
       ValueError on a bad static argument (budget < sink + window, budget not a multiple of page, m out of
-      range, negative sizes).
+      range, negative sizes, an unknown method).
     Jittable (the static arguments are Python ints); no host round trip.
     """
     m, kp, sink_pages, m_pages = _check(budget, sink, window, m, page)
+    if method not in _TOP:
+        raise ValueError(f"{method=} must be one of {sorted(_TOP)}")
     draft_score = jnp.asarray(draft_score, jnp.float32)
     target_score = jnp.asarray(target_score, jnp.float32)
     if draft_score.ndim != 2 or draft_score.shape != target_score.shape:
@@ -167,7 +211,7 @@ def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int 
                          f"{target_score.shape}")
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), draft_score.shape[:1])
     return _select(draft_score, target_score, lengths, budget=budget, sink=sink, window=window, page=page,
-                   kp=kp, sink_pages=sink_pages, m_pages=m_pages)
+                   kp=kp, sink_pages=sink_pages, m_pages=m_pages, method=method)
 
 
 def attention_recovery(weights, idx, n_valid):
@@ -230,11 +274,26 @@ def _by_group(heads, n_heads: int, n_kv: int) -> dict:
     return {g: tuple(ns) for g, ns in sorted(groups.items())}
 
 
+def _logsumexp(s):
+    """log(sum(exp(s))) over the last axis in one reduction (a running max and the sum rescaled to it, as flash
+    attention keeps them); -inf where every entry is -inf."""
+    def combine(x, y):
+        m = jnp.maximum(x[0], y[0])
+        rescale = lambda mx, total: jnp.where(mx == -jnp.inf, 0.0, total * jnp.exp(mx - m))   # noqa: E731
+        return m, rescale(*x) + rescale(*y)
+
+    m, total = lax.reduce((s, jnp.ones_like(s)), (jnp.float32(-jnp.inf), jnp.float32(0.0)), combine,
+                          (s.ndim - 1,))
+    return (m + jnp.log(total))[..., None]
+
+
 def head_weights(q, k, lengths, heads):
     """A signal from a few heads: sum over the rows and the chosen q-heads of softmax(q.k / sqrt(H)) over the
     valid positions; the target-historical A_T (verification rows over the prefix) and LongSpec's A_D (the
     drafter's cross-attention over the target's last layer). Equals `softmax_weights(q, k, lengths)[:, heads]`
-    summed over heads and rows, but reads only the KV groups of the chosen heads.
+    summed over heads and rows (up to float rounding), but reads only the KV groups of the chosen heads, each
+    once and in its own dtype (q.k products accumulated in f32), and normalises each row in one pass over its
+    scores.
 
     Args:
       q: [B, R, N, H] query rows; k: [B, S, K, H] one layer's keys; lengths: int32[B] valid positions.
@@ -244,16 +303,14 @@ def head_weights(q, k, lengths, heads):
     """
     B, R, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
+    dtype = jnp.promote_types(q.dtype, k.dtype)
     valid = (jnp.arange(S)[None] < jnp.asarray(lengths, jnp.int32)[:, None])[:, None, None, :]   # [B, 1, 1, S]
     out = jnp.zeros((B, S), jnp.float32)
     for g, ns in _by_group(heads, N, K).items():   # one small einsum per KV group: its keys are read once
-        qg = q[:, :, jnp.asarray(ns)].astype(jnp.float32)                                # [B, R, n, H]
-        s = jnp.einsum("brnh,bsh->bnrs", qg, k[:, :, g].astype(jnp.float32)) * H ** -0.5
-        s = jnp.where(valid, s, -jnp.inf)
-        mx = jnp.max(s, axis=-1, keepdims=True)
-        e = jnp.where(valid, jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0)), 0.0)
-        den = e.sum(-1, keepdims=True)
-        out = out + (e / jnp.where(den > 0, den, 1.0)).sum(axis=(1, 2))
+        qg = q[:, :, jnp.asarray(ns)].astype(dtype)                                      # [B, R, n, H]
+        s = jnp.einsum("brnh,bsh->bnrs", qg, k[:, :, g].astype(dtype), preferred_element_type=jnp.float32)
+        s = jnp.where(valid, s * H ** -0.5, -jnp.inf)
+        out = out + jnp.where(valid, jnp.exp(s - _logsumexp(s)), 0.0).sum(axis=(1, 2))
     return out
 
 

@@ -1,5 +1,6 @@
 """jspec.dustin: I_verify selection against a brute-force numpy reference, ARR and softmax_weights."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -25,10 +26,11 @@ def ref_select(draft, target, lengths, budget, sink=4, window=64, m=None, page=1
         room = budget // P - len(protected)
         rest = [p for p in pages if p not in protected]
         score = lambda s, p: sum(float(s[b, j]) for j in slots[p])                  # noqa: E731
-        by_draft = sorted(rest, key=lambda p: (-score(draft, p), p))
+        rank = lambda s, p: (math.isnan(score(s, p)), -score(s, p), p)               # noqa: E731  NaN last
+        by_draft = sorted(rest, key=lambda p: rank(draft, p))
         n1 = min(m // P, room)
         tier1 = set(by_draft[:n1])
-        by_target = sorted([p for p in rest if p not in tier1], key=lambda p: (-score(target, p), p))
+        by_target = sorted([p for p in rest if p not in tier1], key=lambda p: rank(target, p))
         tier2 = set(by_target[:room - n1])
         chosen = protected | tier1 | tier2
         out.append(sorted(j for p in chosen for j in slots[p]))
@@ -36,8 +38,12 @@ def ref_select(draft, target, lengths, budget, sink=4, window=64, m=None, page=1
 
 
 def check(draft, target, lengths, **kw):
+    """select_verify (the threshold search) against the brute force, and equal to the sort path."""
     idx, n = select_verify(draft, target, lengths, **kw)
     idx, n = np.asarray(idx), np.asarray(n)
+    idx_sort, n_sort = select_verify(draft, target, lengths, method="sort", **kw)
+    np.testing.assert_array_equal(np.asarray(idx_sort), idx)
+    np.testing.assert_array_equal(np.asarray(n_sort), n)
     assert idx.shape == (len(lengths), kw["budget"]) and idx.dtype == np.int32
     want = ref_select(np.asarray(draft), np.asarray(target), lengths, **kw)
     for b, w in enumerate(want):
@@ -155,6 +161,45 @@ def test_invalid_positions_never_selected():
     check(d, t, lengths, budget=40, sink=0, window=0, m=16, page=8)
 
 
+# Few distinct values (page sums stay exact, so the brute force's float64 sums rank as the f32 ones): ties
+# everywhere, signed zeros, infinities and NaNs.
+_VALUES = np.array([0.0, -0.0, 0.5, 1.0, 2.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
+
+
+@pytest.mark.parametrize("page", [1, 8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_ties_nans_ragged_against_brute_force(seed, page):
+    rng = np.random.default_rng(100 + seed)
+    B, S = 6, 203
+    draft = rng.choice(_VALUES, (B, S), p=[.3, .1, .15, .1, .1, .1, .05, .05, .05]).astype(np.float32)
+    target = rng.choice(_VALUES[:4], (B, S)).astype(np.float32)
+    target[rng.random((B, S)) < 0.1] = np.nan
+    for budget, sink, window in ((64, 4, 16), (96, 0, 0), (256, 4, 64)):   # the last: budget > S, all dense
+        lengths = rng.integers(0, S + 1, B).astype(np.int32)
+        lengths[:3] = [S, 0, min(budget + 1, S)]         # full, empty, just over the budget
+        free = budget - sink - window
+        for m in (0, free // 3, free):
+            check(draft, target, lengths, budget=budget, sink=sink, window=window, m=m, page=page)
+
+
+def test_threshold_top_equals_sort_top_for_every_n():
+    """_top_select against _top_sort on small rows, for every n from 0 past the row length."""
+    import jax
+
+    from jspec.dustin import _top_select, _top_sort
+    rng = np.random.default_rng(12)
+    R, S = 64, 24
+    score = rng.choice(_VALUES, (R, S)).astype(np.float32)
+    score[:8] = rng.standard_normal((8, S))                       # distinct values
+    cand = rng.random((R, S)) < 0.7
+    cand[8:12] = False                                            # no candidates at all
+    for n in range(S + 2):
+        got = jax.vmap(_top_select, (0, 0, None))(score, cand, n)
+        want = jax.vmap(_top_sort, (0, 0, None))(score, cand, n)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"n={n}")
+        assert (np.asarray(got).sum(-1) == np.minimum(n, cand.sum(-1))).all()
+
+
 def test_jit_and_no_recompile_on_new_lengths():
     import jax
 
@@ -180,6 +225,8 @@ def test_errors():
         select_verify(z, z, L, budget=16, sink=2, window=2, m=13)
     with pytest.raises(ValueError, match="pages"):          # sink page + up to 3 window pages > 24 / 8
         select_verify(z, z, L, budget=24, sink=4, window=16, page=8)
+    with pytest.raises(ValueError, match="method"):
+        select_verify(z, z, L, budget=16, sink=2, window=2, method="heap")
 
 
 def test_arr_hand_built_map():
@@ -272,3 +319,50 @@ def test_profile_round_trip_and_model_check(tmp_path):
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(InputError, match="not readable JSON"):
         read_profile(str(tmp_path / "junk.json"))
+
+
+# ---- head_weights (the A_T probe) -----------------------------------------------------------------------------
+
+def test_logsumexp_one_pass_against_numpy():
+    from jspec.dustin import _logsumexp
+    rng = np.random.default_rng(13)
+    s = (rng.standard_normal((5, 300)) * 60).astype(np.float32)     # exp would overflow without the running max
+    s[1, 100:] = -np.inf
+    s[2] = -np.inf
+    s[3, ::2] = -np.inf
+    got = np.asarray(_logsumexp(s))[:, 0]
+    finite = np.isfinite(s)
+    mx = np.where(finite, s, -np.inf).max(-1)
+    want = np.array([m + np.log(np.exp(r[f].astype(np.float64) - m).sum()) if f.any() else -np.inf
+                     for r, f, m in zip(s, finite, mx)])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert got[2] == -np.inf
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_head_weights_against_numpy(dtype):
+    """Both dtypes, large logits, GQA groups with several chosen heads, ragged and empty rows."""
+    import jax
+    import jax.numpy as jnp
+
+    from jspec.dustin import head_weights
+    rng = np.random.default_rng(14)
+    B, R, N, K, H, S = 3, 2, 8, 4, 16, 150
+    q = jnp.asarray(rng.standard_normal((B, R, N, H)) * 4, dtype)
+    k = jnp.asarray(rng.standard_normal((B, S, K, H)) * 4, dtype)
+    lengths = np.array([150, 33, 0], np.int32)
+    heads = (7, 0, 1, 4)
+    got = np.asarray(jax.jit(head_weights, static_argnums=3)(q, k, lengths, heads))
+    qn, kn = np.asarray(q, np.float64), np.asarray(k, np.float64)   # the inputs as stored (bf16 values exact)
+    want = np.zeros((B, S))
+    for b in range(B):
+        L = lengths[b]
+        for n in heads:
+            for r in range(R):
+                s = kn[b, :L, n // (N // K)] @ qn[b, r, n] / np.sqrt(H)
+                if L:
+                    e = np.exp(s - s.max())
+                    want[b, :L] += e / e.sum()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert (got[1, 33:] == 0).all() and (got[2] == 0).all()
