@@ -12,13 +12,15 @@ For each device count n (those this host has): params and cache are created dire
 layout (jspec/sharding.py: heads on tp, Megatron MLP, K/V heads of the cache on tp), the B prompts of L
 random tokens are prefilled in chunks (untimed), then
 
-    ar     jspec.decoding.decode, one jitted while_loop, `--new` tokens (stop tokens ignored);
-    vegas  jspec.speculative (prepare from the same prefill, then run_donating), when that package exists.
+    ar     plain greedy decoding: the speculative engine without drafts (SpecConfig("ar")), `--new` tokens
+           (stop tokens ignored);
+    vegas  self-speculative decoding;
 
-Each is compiled and warmed up once, then timed `--reps` times from the same prefilled cache (rolled back to
-L: only the lengths move). tokens/s counts the B * (new - 1) tokens the loop produces (the first comes from
-the prefill logits), as `jspec bench` does. The roofline is the bytes one step must read (weights + B *
-mean context * KV bytes per token), spread over n GPUs at bench.common.HBM_BYTES_PER_S each. Random
+both through jspec.speculative: prepare from the same prefill (untimed), then run_donating (timed, one
+while_loop). Each is compiled and warmed up once, then timed `--reps` times from the same prefilled cache
+(rolled back to L: only the lengths move). tokens/s counts the B * (new - 1) tokens the loop produces (the
+first comes from the prefill logits), as `jspec bench` does. The roofline is the bytes one step must read
+(weights + B * mean context * KV bytes per token), spread over n GPUs at bench.common.HBM_BYTES_PER_S each. Random
 weights: vegas' acceptance (tau) is not that of a trained model; its tokens/s at a given tau is what this
 measures.
 """
@@ -46,25 +48,14 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import HBM_BYTES_PER_S, base_record, write_json  # noqa: E402
 from jspec import decoding as gen  # noqa: E402
-from jspec import kv_cache, model, sharding  # noqa: E402
+from jspec import kv_cache, model, sharding, speculative  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
 from jspec.config import ModelConfig, SamplingConfig, preset  # noqa: E402
+from jspec.speculative import SpecConfig  # noqa: E402
 
 TINY = ModelConfig(arch="llama", vocab_size=512, d_model=256, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=64,
                    ffn_dim=512, rope_theta=500000.0, max_position=4096, dtype="bfloat16")
 GREEDY = SamplingConfig()
-
-
-def _speculative():
-    """jspec.speculative (SpecConfig, prepare, run_donating) or the reason it cannot run."""
-    try:
-        from jspec import speculative
-        from jspec.speculative import SpecConfig
-        for name in ("prepare", "run_donating"):
-            getattr(speculative, name)
-        return speculative, SpecConfig
-    except (ImportError, AttributeError) as e:
-        return None, f"not available: {e!r}"
 
 
 def peak_memory_gb(devices) -> float | None:
@@ -97,15 +88,30 @@ def rewind(cache, L, mesh):
     return cache.replace(lengths=jax.device_put(np.full((B,), L, np.int32), NamedSharding(mesh, P())))
 
 
+def timed_runs(params, cfg, spec, cache, logits, last, L, mesh, a, impl):
+    """Greedy `spec` from the prefilled cache, `a.reps` timed runs after one that compiles.
+    Returns (tokens, n_out, SpecStats, median seconds of run_donating, the cache)."""
+    times = []
+    for r in range(a.reps + 1):
+        cache = rewind(cache, L, mesh)
+        state = speculative.prepare(params, cfg, spec, cache, logits, last, impl=impl)
+        t = time.perf_counter()
+        out, n_out, stats, final = speculative.run_donating(params, cfg, spec, GREEDY, state, jax.random.key(0),
+                                                            a.new, stop_tokens=(), impl=impl)
+        out = np.asarray(jax.block_until_ready(out))
+        cache = final.cache
+        if r:
+            times.append(time.perf_counter() - t)
+    return out, n_out, stats, float(np.median(times)), cache
+
+
 def run_devices(a, cfg, n, prompts, records, outs):
     mesh = sharding.make_mesh(n, cfg=cfg)
     devs = list(mesh.devices.flat)
     impl = AttnImpl(backend=None if a.impl == "auto" else a.impl, interpret=a.interpret, mesh=mesh)
-    spec_mod, SpecConfig = _speculative()
-    spec = SpecConfig(method="vegas", gamma=a.gamma, budget=a.budget) if spec_mod else None
-    margin = spec.capacity_margin() if spec else 0
+    spec = SpecConfig(method="vegas", gamma=a.gamma, budget=a.budget)
     B, L = prompts.shape
-    capacity = -(-(L + a.new + margin) // 128) * 128
+    capacity = -(-(L + a.new + spec.capacity_margin()) // 128) * 128
     common = dict(model=a.model_name, dtype=cfg.dtype, devices=n, impl=a.impl, L=L, B=B, new_tokens=a.new)
 
     t0 = time.perf_counter()
@@ -117,19 +123,11 @@ def run_devices(a, cfg, n, prompts, records, outs):
     prefill_s = time.perf_counter() - t0
     roof, step_bytes = roofline(cfg, wbytes, L, B, a.new, n)
     print(f"[{n} device(s)] params + prefill of {B}x{L} in {prefill_s:.1f}s (incl. compile)", flush=True)
+    last = jnp.asarray(prompts[:, -1])
 
     # ---- ar: plain greedy decoding
     try:
-        times = []
-        for r in range(a.reps + 1):   # the first run compiles
-            cache = rewind(cache, L, mesh)
-            t = time.perf_counter()
-            out, n_out, cache = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0),
-                                           max_new_tokens=a.new, stop_tokens=(), impl=impl)
-            out = np.asarray(jax.block_until_ready(out))
-            if r:
-                times.append(time.perf_counter() - t)
-        dt = float(np.median(times))
+        out, _, _, dt, cache = timed_runs(params, cfg, SpecConfig("ar"), cache, logits, last, L, mesh, a, impl)
         tps = B * (a.new - 1) / dt
         outs[("ar", n)] = out
         rec = base_record(method="ar", **common, tokens_per_s=round(tps, 1), decode_s=round(dt, 4),
@@ -143,49 +141,34 @@ def run_devices(a, cfg, n, prompts, records, outs):
     print(json.dumps(rec), flush=True)
 
     # ---- vegas: self-speculative decoding from the same prefill
-    if spec_mod is None:
-        records.append(base_record(method="vegas", **common, error=SpecConfig))
-    else:
-        try:
-            last = jnp.asarray(prompts[:, -1])
-            times = []
-            for r in range(a.reps + 1):
-                cache = rewind(cache, L, mesh)
-                state = spec_mod.prepare(params, cfg, spec, cache, logits, last, impl=impl)
-                t = time.perf_counter()
-                out, n_out, stats, final = spec_mod.run_donating(params, cfg, spec, GREEDY, state, jax.random.key(0),
-                                                                 a.new, stop_tokens=(), impl=impl)
-                out = np.asarray(jax.block_until_ready(out))
-                cache = final.cache
-                if r:
-                    times.append(time.perf_counter() - t)
-            dt = float(np.median(times))
-            tps = float(np.sum(np.asarray(n_out) - 1)) / dt
-            outs[("vegas", n)] = out
-            ar = outs.get(("ar", n))
-            rec = base_record(method="vegas", **common, tokens_per_s=round(tps, 1), decode_s=round(dt, 4),
-                              tau=round(stats.tau(), 3), accept_hist=np.asarray(stats.accept_hist).sum(0).tolist(),
-                              rounds_mean=float(np.mean(np.asarray(stats.rounds))), knobs=spec.describe(),
-                              matches_ar=None if ar is None else bool(np.array_equal(ar, out)),
-                              cache_spec=str(cache.k.sharding.spec), peak_memory_gb=peak_memory_gb(devs),
-                              note="random weights: tau is not a trained model's")
-        except Exception as e:
-            rec = base_record(method="vegas", **common, error=repr(e)[:400])
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
+    try:
+        out, n_out, stats, dt, cache = timed_runs(params, cfg, spec, cache, logits, last, L, mesh, a, impl)
+        tps = float(np.sum(np.asarray(n_out) - 1)) / dt
+        outs[("vegas", n)] = out
+        ar = outs.get(("ar", n))
+        rec = base_record(method="vegas", **common, tokens_per_s=round(tps, 1), decode_s=round(dt, 4),
+                          tau=round(stats.tau(), 3), accept_hist=np.asarray(stats.accept_hist).sum(0).tolist(),
+                          rounds_mean=float(np.mean(np.asarray(stats.rounds))), knobs=spec.describe(),
+                          matches_ar=None if ar is None else bool(np.array_equal(ar, out)),
+                          cache_spec=str(cache.k.sharding.spec), peak_memory_gb=peak_memory_gb(devs),
+                          note="random weights: tau is not a trained model's")
+    except Exception as e:
+        rec = base_record(method="vegas", **common, error=repr(e)[:400])
+    records.append(rec)
+    print(json.dumps(rec), flush=True)
     del params, cache, logits
     gc.collect()
 
 
 def memory_report(a, cfg, n, out_dir):
-    """Compile (no run) ar's decode and vegas' run_donating for n devices at the benchmark's shapes and report
-    XLA's memory analysis per device, plus the ops of the optimized HLO that produce a whole-cache-shaped array
-    (copies of the cache are what makes vegas need twice the cache's memory); the HLO goes to out_dir."""
+    """Compile (no run) ar's run_donating and vegas' prepare and run_donating for n devices at the benchmark's
+    shapes and report XLA's memory analysis per device, plus the ops of the optimized HLO that produce a
+    whole-cache-shaped array (copies of the cache are what makes vegas need twice the cache's memory); the HLO
+    goes to out_dir."""
     import gzip
     import re
     mesh = sharding.make_mesh(n, cfg=cfg)
     impl = AttnImpl(backend=None if a.impl == "auto" else a.impl, interpret=a.interpret, mesh=mesh)
-    spec_mod, SpecConfig = _speculative()
     spec = SpecConfig(method="vegas", gamma=a.gamma, budget=a.budget)
     capacity = -(-(a.L + a.new + spec.capacity_margin()) // 128) * 128
     params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0), mesh=mesh))
@@ -200,14 +183,16 @@ def memory_report(a, cfg, n, out_dir):
     key = jax.random.key(0)
     cache_shape = f"[{cfg.n_layers},{a.B},{capacity},{cfg.n_kv_heads // n},{cfg.head_dim}]"
     cache_bytes = 2 * cfg.n_layers * a.B * capacity * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
-    progs = {"ar_decode": lambda: gen.decode.lower(params, cfg, GREEDY, cache, logits, key, max_new_tokens=a.new,
-                                                   stop_tokens=(), impl=impl)}
-    if spec_mod is not None:
-        state = jax.eval_shape(lambda p, c, lg, t: spec_mod.prepare(p, cfg, spec, c, lg, t, impl=impl),
+
+    def run_program(sp):
+        state = jax.eval_shape(lambda p, c, lg, t: speculative.prepare(p, cfg, sp, c, lg, t, impl=impl),
                                params, cache, logits, last)
-        progs["vegas_prepare"] = lambda: spec_mod.prepare.lower(params, cfg, spec, cache, logits, last, impl=impl)
-        progs["vegas_run_donating"] = lambda: spec_mod.run_donating.lower(params, cfg, spec, GREEDY, state, key, a.new,
-                                                                          stop_tokens=(), impl=impl)
+        return lambda: speculative.run_donating.lower(params, cfg, sp, GREEDY, state, key, a.new, stop_tokens=(),
+                                                      impl=impl)
+
+    progs = {"ar_run_donating": run_program(SpecConfig("ar")),
+             "vegas_prepare": lambda: speculative.prepare.lower(params, cfg, spec, cache, logits, last, impl=impl),
+             "vegas_run_donating": run_program(spec)}
     rows = []
     os.makedirs(out_dir, exist_ok=True)
     for name, lower in progs.items():

@@ -145,7 +145,7 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
              config=None, gamma: Optional[int] = None, budget: Optional[int] = None, ratio: Optional[float] = None,
              drafter=None, slots: Optional[int] = None, refill: Optional[int] = None, staged: bool = False,
              progress: bool = False, verify: Optional[str] = None, verify_budget: Optional[int] = None,
-             profile=None, _ar_loop: str = "engine", **spec_knobs) -> Output:
+             profile=None, **spec_knobs) -> Output:
     """Generate continuations of `prompts` (str, list of str, or list of token-id lists).
 
     method: "ar" (plain decoding, the default) or a self-speculative method ("streaming", "quest", "vegas")
@@ -178,21 +178,16 @@ def generate(model: Model, prompts, *, method: Optional[str] = None, max_new_tok
     tiers and dense layers are the defaults (verify defaults to "dustin"); one made for another model, or for
     another kind of drafter, is an InputError. Without one Dustin uses the default heads
     (`jspec.speculative.sparse_verify.default_heads`).
-    _ar_loop: not an option. "decode" runs a static-batch "ar" request through the old plain-decoding loop
-    (`decoding.decode`) instead of the engine, only so that `jspec bench` (method spelling `ar:loop=decode`) can
-    measure both on a GPU before that loop is deleted (issue 28); it goes with the loop.
     Returns texts, token lists (stop token included when one was emitted) and timing stats."""
     req = _check_request(model, prompts, method=method, config=config,
                          knobs=dict(gamma=gamma, budget=budget, ratio=ratio, verify=verify,
                                     verify_budget=verify_budget, profile=profile, **spec_knobs), drafter=drafter,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, chat=chat,
-                         capacity=capacity, slots=slots, refill=refill, staged=staged, ar_loop=_ar_loop)
+                         capacity=capacity, slots=slots, refill=refill, staged=staged)
     stops = () if ignore_eos else model.stop_tokens
     impl = attn_impl(model, impl)
     if slots is not None:
         run = _run_served(model, req, stops, seed, impl, progress)
-    elif _ar_loop == "decode":
-        run = _run_decode(model, req, stops, seed, impl)
     else:
         run = _run_static(model, req, stops, seed, impl)
     texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in run.tokens]
@@ -215,7 +210,7 @@ class _Request:
 
 def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafter, max_new_tokens: int,
                    temperature: float, top_k: int, top_p: float, chat: bool, capacity: Optional[int],
-                   slots: Optional[int], refill: Optional[int], staged: bool, ar_loop: str) -> _Request:
+                   slots: Optional[int], refill: Optional[int], staged: bool) -> _Request:
     """Every check of a `generate` request, before anything runs; InputError says what to change.
     Also resolves what the request leaves open: the SpecConfig ("ar" too), longspec's drafter and tree, the
     cache capacity."""
@@ -233,11 +228,6 @@ def _check_request(model: Model, prompts, *, method, config, knobs: dict, drafte
             raise InputError(f"refill={refill} must be >= 1")
     elif refill is not None or staged:
         raise InputError("refill and staged apply to continuous batching (slots=N) only")
-    if ar_loop not in ("engine", "decode"):
-        raise InputError(f"_ar_loop={ar_loop!r} must be 'engine' or 'decode'")
-    if ar_loop == "decode" and (spec.method != "ar" or slots is not None):
-        raise InputError("_ar_loop='decode' (the old plain-decoding loop, kept for an A/B measurement) runs "
-                         "static-batch 'ar' only")
     ids = encode(model, prompts, chat=chat)
     if not ids:
         raise InputError("no prompts given")
@@ -444,23 +434,6 @@ def _run_served(model: Model, req: _Request, stops, seed, impl, progress) -> _Ru
                                  mesh=model.mesh, drafter=req.drafter)
     return _Run(tokens=[o.tolist() for o in outs], prefill_s=st.prefill_s, decode_s=st.decode_s,
                 spec_stats=speculative.SpecStats(rounds=np.asarray(st.rounds), accept_hist=np.asarray(st.accept_hist)))
-
-
-def _run_decode(model: Model, req: _Request, stops, seed, impl) -> _Run:
-    """Static-batch "ar" through the old loop (`decoding.decode`). Only for `generate(_ar_loop="decode")`: the
-    A/B measurement of issue 28 (ar through the engine at least as fast on a GPU); deleted with that loop."""
-    tokens, lengths = _gen.pad_prompts(req.ids)
-    tokens = tokens[:, :req.capacity]
-    cache = new_cache(model, batch=len(req.ids), capacity=req.capacity)
-    t0 = time.perf_counter()
-    logits, cache = _gen.prefill(model.params, model.cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache, impl=impl)
-    logits.block_until_ready()
-    t1 = time.perf_counter()
-    out, n_out, _ = _gen.decode(model.params, model.cfg, req.samp, cache, logits, jax.random.key(seed),
-                                max_new_tokens=req.max_new_tokens, stop_tokens=stops, impl=impl)
-    out, n_out = np.asarray(out), np.asarray(n_out)
-    t2 = time.perf_counter()
-    return _Run(tokens=[out[b, :n_out[b]].tolist() for b in range(len(n_out))], prefill_s=t1 - t0, decode_s=t2 - t1)
 
 
 def _stats(req: _Request, run: _Run) -> Stats:

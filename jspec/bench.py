@@ -57,17 +57,12 @@ class BenchError(ValueError):
     """A benchmark request that cannot run as asked."""
 
 
-# `ar:loop=decode` runs plain decoding through the old loop (`decoding.decode`, via generate's private
-# `_ar_loop`) beside `ar` through the engine, for the A/B measurement of issue 28 only; it goes with that loop.
-AR_LOOPS = ("engine", "decode")
-
-
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
     """One benchmarked configuration, written `method[+lookupN][:knob=value,...]`,
     e.g. `vegas+lookup8:select_page=8`, or with a sparse (lossy) verification
-    `vegas:select_page=8,verify=dustin,verify_budget=512` (knobs as `jspec.generate`'s keywords); `ar:loop=decode`
-    is plain decoding through the old loop (see AR_LOOPS)."""
+    `vegas:select_page=8,verify=dustin,verify_budget=512` (knobs as `jspec.generate`'s keywords); `ar` takes
+    no knobs."""
     label: str
     method: str
     knobs: tuple
@@ -92,16 +87,14 @@ class MethodSpec:
         fields = (set(KNOBS) - {"method"}) | verify
         if method not in ("ar",) + METHODS:
             raise BenchError(f"unknown method {method!r} in {text!r}; available: ar, {', '.join(METHODS)}")
-        bad = sorted(set(knobs) - fields - {"loop"})
+        if method == "ar" and knobs:
+            raise BenchError(f"method {text!r}: 'ar' (plain decoding) takes no knobs")
+        bad = sorted(set(knobs) - fields)
         if bad:
             raise BenchError(f"method {text!r}: unknown knob(s) {bad}; SpecConfig has {sorted(fields)}")
         foreign = sorted(k for k in knobs if knob_owner(k) not in (None, method))
-        if foreign and method != "ar":
+        if foreign:
             raise BenchError(f"method {text!r}: {', '.join(f'{k} is a {knob_owner(k)} option' for k in foreign)}")
-        if method == "ar" and set(knobs) - {"loop"}:
-            raise BenchError(f"method {text!r}: 'ar' takes no knobs (only loop=decode, the old loop's A/B)")
-        if "loop" in knobs and (method != "ar" or knobs["loop"] not in AR_LOOPS):
-            raise BenchError(f"method {text!r}: loop= applies to 'ar' only, one of {', '.join(AR_LOOPS)}")
         return cls(label=text.strip(), method=method, knobs=tuple(sorted(knobs.items())))
 
 
@@ -308,11 +301,8 @@ def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: 
     """Warm-up call (compilation), then `reps` timed calls of `jspec.generate`; the fastest is kept.
     reps=0: one call, no warm-up (its time includes compilation: for checks that only need the tokens)."""
     import jspec
-    knobs = dict(spec.knobs)
-    if "loop" in knobs:   # ar:loop=decode: the old plain-decoding loop (AR_LOOPS)
-        knobs["_ar_loop"] = knobs.pop("loop")
     kw = dict(method=spec.method, max_new_tokens=new, ignore_eos=ignore_eos, impl=impl, temperature=temperature,
-              seed=seed, **knobs)
+              seed=seed, **dict(spec.knobs))
     if reps == 0:
         return jspec.generate(model, prompts, **kw), 0.0
     t = time.perf_counter()
@@ -337,7 +327,7 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
     impl = AttnImpl() if impl is None else impl
     tok = model.tokenizer
     texts = _Texts(tok, *text_sources(texts_dir)) if workload in ("long-tasks", "continue") else None
-    # ar first: the reference for every speedup and identity of its shape (`ar:loop=decode` is another method)
+    # ar first: the reference for every speedup and identity of its shape
     ar = MethodSpec.parse("ar")
     methods = [ar] + [m for m in methods if m != ar]
     records = []
@@ -417,7 +407,7 @@ def summarize(records: list, peers: list) -> dict:
     for (L, B) in sorted({(r["L"], r["B"]) for r in records}):
         rows = [r for r in records if (r["L"], r["B"]) == (L, B)]
         ar = next(r for r in rows if r["method"] == "ar")
-        spec = [r for r in rows if r.get("base_method", r["method"]) != "ar"]   # not ar:loop=decode either
+        spec = [r for r in rows if r.get("base_method", r["method"]) != "ar"]
         exact = [r for r in spec if r.get("lossless", True)]
         lossy = [r for r in spec if not r.get("lossless", True)]
         best = max(exact, key=lambda r: r["tokens_per_s"], default=None)

@@ -24,6 +24,7 @@ from jspec import kv_cache, model  # noqa: E402
 from jspec import sharding as sh  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig  # noqa: E402
+from reference_decode import decode as plain_decode  # noqa: E402
 
 GREEDY = SamplingConfig()
 NEW = 12
@@ -50,8 +51,8 @@ def prompts(cfg, seed=5):
 def greedy(params, cfg, cache, impl=AttnImpl()):
     toks, lens = prompts(cfg)
     logits, cache = gen.prefill(params, cfg, toks, lens, cache, impl=impl)
-    out, n_out, cache = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW,
-                                   impl=impl)
+    out, n_out, cache = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW,
+                                     impl=impl)
     return np.asarray(out), cache, logits
 
 

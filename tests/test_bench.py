@@ -64,41 +64,11 @@ def test_method_specs_parse_and_refuse_bad_ones():
     assert [(m.method, dict(m.knobs)) for m in got] == [("ar", {}), ("vegas", {"select_page": 8, "budget": 256}),
                                                         ("longspec", {"lookup": 4}), ("quest", {})]
     for bad, msg in [("nope", "unknown method"), ("vegas:frob=1", "unknown knob"), ("vegas:gamma", "key=value"),
-                     ("ar:gamma=2", "no knobs"), ("vegas+lookupx", "positive N"), ("vegas:loop=decode", "'ar' only"),
-                     ("ar:loop=fast", "'ar' only"), ("streaming:select_page=8", "select_page is a vegas option")]:
+                     ("ar:gamma=2", "no knobs"), ("vegas+lookupx", "positive N"), ("ar+lookup4", "no knobs"),
+                     ("ar:loop=decode", r"'ar' \(plain decoding\) takes no knobs"),   # the old loop's A/B: gone
+                     ("vegas:loop=decode", "unknown knob"), ("streaming:select_page=8", "is a vegas option")]:
         with pytest.raises(bench.BenchError, match=msg):
             bench.MethodSpec.parse(bad)
-    # The old plain-decoding loop beside ar through the engine (issue 28's A/B; goes with that loop)
-    got = bench.split_methods("ar,ar:loop=decode,vegas")
-    assert [(m.label, m.method, dict(m.knobs)) for m in got] == [("ar", "ar", {}), ("ar:loop=decode", "ar",
-                                                                  {"loop": "decode"}), ("vegas", "vegas", {})]
-
-
-def test_ar_loop_ab_runs_both_loops_in_one_call(monkeypatch):
-    """`ar:loop=decode` reaches generate as `_ar_loop="decode"`; its record sits beside ar's (same tokens) and
-    never counts as the best method."""
-    import jax
-    import jspec
-    from conftest import CharTokenizer
-    from jspec import model
-    from jspec.config import ModelConfig
-    cfg = ModelConfig(arch="qwen3", vocab_size=96, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16,
-                      ffn_dim=64, rope_theta=10000.0, dtype="float32", max_position=256, eos_token_ids=(),
-                      tie_embeddings=True)
-    m = jspec.Model(params=model.init_params(cfg, jax.random.key(0), scale=0.3), cfg=cfg, tokenizer=CharTokenizer(),
-                    path="")
-    seen = []
-    real = jspec.generate
-    monkeypatch.setattr(jspec, "generate", lambda *a, **k: seen.append(k.get("_ar_loop")) or real(*a, **k))
-    recs = bench.bench(m, methods=bench.split_methods("ar:loop=decode"), lengths=[40], batches=[2],
-                       workload="continue", new=5, ignore_eos=True, reps=1, log=lambda *a: None)
-    assert seen == [None, None, "decode", "decode"]     # warm-up + timed call each
-    assert [r["method"] for r in recs] == ["ar", "ar:loop=decode"] and recs[1]["knobs"] == {"loop": "decode"}
-    assert recs[1]["rows_identical_to_ar"] == 1.0 and recs[1]["tokens_per_s"] > 0
-    for r in recs:   # 5 new tokens, the first from the prefill: 4 rounds, round_ms = decode / 4 (both rounded)
-        assert r["rounds_max"] == 4 and abs(4 * r["round_ms"] - 1000 * r["decode_s"]) <= 0.06
-    summary = bench.summarize(recs, [])["L40_B2"]
-    assert summary["best"] is None and "ar:loop=decode" in summary["speedup_vs_ar"]
 
 
 def test_differences_and_distinct_share():

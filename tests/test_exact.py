@@ -34,6 +34,7 @@ from jspec.config import ModelConfig, SamplingConfig
 from jspec.drafter import init_drafter_params
 from jspec.speculative import SpecConfig
 from jspec.speculative import tree as tree_lib
+from reference_decode import decode as plain_decode
 
 fs = importlib.import_module("pallas_kernels.flash_scores")
 ta = importlib.import_module("pallas_kernels.tree_attention")
@@ -183,7 +184,7 @@ def _ar():
     params, tokens, lengths = _setup()
     cache = kv_cache.init(CFG, batch=tokens.shape[0], capacity=CAPACITY)
     logits, cache = gen.prefill(params, CFG, tokens, lengths, cache, impl=EXACT)
-    out, _, _ = gen.decode(params, CFG, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW, impl=EXACT)
+    out, _, _ = plain_decode(params, CFG, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW, impl=EXACT)
     return np.asarray(out)
 
 

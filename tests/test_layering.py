@@ -38,7 +38,7 @@ LAYERS = (
     # the public API; the `jspec` package's __init__ re-exports it (jspec.load, jspec.generate, ...)
     ("api", ("jspec.api", "jspec")),
     ("speculative", ("jspec.speculative.*",)),
-    # the target's forward and prefill / the old ar loop; the LongSpec drafter block (a decoder layer) + store
+    # the target's forward and prefill; the LongSpec drafter block (a decoder layer) + store
     ("model", ("jspec.model", "jspec.decoding", "jspec.drafter.*")),
     ("layers / attention", ("jspec.attention", "jspec.kv_cache", "jspec.sharding", "jspec.sampling",
                             "jspec.selection", "jspec.dustin")),

@@ -33,6 +33,7 @@ from jspec.drafter import drafter_fill, init_drafter_params, load_drafter
 from jspec.speculative import SpecConfig
 from jspec.speculative import lookup as lookup_lib
 from jspec.speculative import tree as tree_lib
+from reference_decode import decode as plain_decode
 
 GREEDY = SamplingConfig()
 NEW = 20
@@ -74,7 +75,7 @@ def setup(kind):
     tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
     cache = kv_cache.init(cfg, batch=len(prompts), capacity=CAPACITY)
     logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
-    free, _, ar_cache = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    free, _, ar_cache = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
     free = np.asarray(free)
     # A stop token that row 0 emits early and some other row never does: one row stops, another runs to NEW.
     stop = next(int(t) for t in free[0, 1:10] if any(t not in row for row in free[1:]))
@@ -146,8 +147,8 @@ def test_compaction_leaves_plain_decodings_cache(mode):
     longer = NEW + spec.depth + 1
     cache = kv_cache.init(s["cfg"], batch=3, capacity=CAPACITY)
     logits, cache = gen.prefill(s["params"], s["cfg"], s["tokens"], s["lengths"], cache)
-    free, _, ar_cache = gen.decode(s["params"], s["cfg"], GREEDY, cache, logits, jax.random.key(0),
-                                   max_new_tokens=longer)
+    free, _, ar_cache = plain_decode(s["params"], s["cfg"], GREEDY, cache, logits, jax.random.key(0),
+                                     max_new_tokens=longer)
     lens = np.asarray(final.cache.lengths)
     assert (lens > np.asarray(s["lengths"]) + NEW - 2).all() and (lens <= np.asarray(ar_cache.lengths)).all()
     for b in range(3):
@@ -536,7 +537,7 @@ def test_real_model_f32_greedy_identical(smollm2_ckpt, which):
     new, capacity = 32, 640
     cache = kv_cache.init(cfg, batch=2, capacity=capacity)
     logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
-    ref = np.asarray(gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=new)[0])
+    ref = np.asarray(plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=new)[0])
     spec = SpecConfig("longspec", window=window, lookup=6 if which == "trained-lookup" else 0)
     state = speculative.init(params, cfg, spec, tokens, lengths, capacity, drafter=drafter)
     out, n_out, st, _ = speculative.run_donating(params, cfg, spec, GREEDY, state, jax.random.key(0), new,

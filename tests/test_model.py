@@ -1,4 +1,5 @@
-"""Model + KV cache + plain decoding on tiny random configs of each family (numerics, not speed)."""
+"""Model + KV cache + plain decoding (the engine's "ar") on tiny random configs of each family (numerics,
+not speed)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,8 +7,9 @@ import pytest
 
 from jspec import api
 from jspec import decoding as gen
-from jspec import kv_cache, model
+from jspec import kv_cache, model, speculative
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
+from jspec.speculative import SpecConfig
 
 
 def tiny(arch, **kw):
@@ -60,6 +62,17 @@ def test_rollback_then_rewrite_matches_clean_run(arch):
     np.testing.assert_allclose(lg, _full_logits(params, cfg, toks)[:, 8:], atol=2e-5, rtol=1e-5)
 
 
+AR = SpecConfig("ar")
+
+
+def ar_run(params, cfg, samp, prompts, key, new, stops=(), capacity=48):
+    """Plain decoding through the public path: the engine's "ar" (no drafts). (tokens, n_out) as numpy."""
+    tokens, lengths = gen.pad_prompts(prompts, multiple=8)
+    state = speculative.init(params, cfg, AR, jnp.asarray(tokens), jnp.asarray(lengths), capacity)
+    out, n_out, _ = speculative.run(params, cfg, AR, samp, state, key, new, stop_tokens=stops)
+    return np.asarray(out), np.asarray(n_out)
+
+
 def test_ragged_batch_equals_each_sequence_alone():
     cfg = tiny("llama")
     params = _params(cfg, 5)
@@ -68,26 +81,23 @@ def test_ragged_batch_equals_each_sequence_alone():
     samp = SamplingConfig()
     tokens, lengths = gen.pad_prompts(prompts, multiple=8)
     cache = kv_cache.init(cfg, batch=3, capacity=48)
-    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
-    out, n_out, _ = gen.decode(params, cfg, samp, cache, logits, jax.random.key(0), max_new_tokens=10)
+    logits, _ = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    out, n_out = ar_run(params, cfg, samp, prompts, jax.random.key(0), 10)
     for b, p in enumerate(prompts):
         t1, l1 = gen.pad_prompts([p], multiple=8)
         c1 = kv_cache.init(cfg, batch=1, capacity=48)
-        lg1, c1 = gen.prefill(params, cfg, jnp.asarray(t1), jnp.asarray(l1), c1)
+        lg1, _ = gen.prefill(params, cfg, jnp.asarray(t1), jnp.asarray(l1), c1)
         np.testing.assert_allclose(logits[b], lg1[0], atol=1e-4, rtol=1e-4)
-        o1, n1, _ = gen.decode(params, cfg, samp, c1, lg1, jax.random.key(0), max_new_tokens=10)
+        o1, n1 = ar_run(params, cfg, samp, [p], jax.random.key(0), 10)
         assert int(n_out[b]) == int(n1[0])
         assert out[b, :n_out[b]].tolist() == o1[0, :n1[0]].tolist()
 
 
-def test_greedy_decode_equals_naive_argmax_loop():
+def test_greedy_ar_equals_naive_argmax_loop():
     cfg = tiny("qwen3", eos_token_ids=())
     params = _params(cfg, 7)
     prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, 9).tolist()
-    tokens, lengths = gen.pad_prompts([prompt], multiple=16)
-    cache = kv_cache.init(cfg, batch=1, capacity=32)
-    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
-    out, n_out, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0), max_new_tokens=8)
+    out, n_out = ar_run(params, cfg, SamplingConfig(), [prompt], jax.random.key(0), 8, capacity=32)
     seq = list(prompt)
     for _ in range(8):   # full recompute every step: no cache involved
         seq.append(int(jnp.argmax(_full_logits(params, cfg, jnp.asarray([seq]))[0, -1])))
@@ -100,21 +110,19 @@ def test_stop_token_ends_each_sequence_separately(monkeypatch):
     cfg = tiny("llama")
     params = _params(cfg, 9)
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
-    tokens, lengths = gen.pad_prompts(prompts, multiple=8)
-    cache = kv_cache.init(cfg, batch=2, capacity=40)
-    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
-    free, _, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0), max_new_tokens=12)
+    free, _ = ar_run(params, cfg, SamplingConfig(), prompts, jax.random.key(0), 12, capacity=40)
     # Make row 0's third emitted token a stop token and check only row 0 stops there.
     stop = int(free[0, 2])
-    cache = kv_cache.init(cfg, batch=2, capacity=40)
-    logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    tokens, lengths = gen.pad_prompts(prompts, multiple=8)
+    state = speculative.init(params, cfg, AR, jnp.asarray(tokens), jnp.asarray(lengths), 40)
     reads = spy_attention_reads(monkeypatch)
     with jax.disable_jit():   # eager loop: the spy sees each step's read lengths
-        out, n_out, _ = gen.decode(params, cfg, SamplingConfig(), cache, logits, jax.random.key(0),
-                                   max_new_tokens=12, stop_tokens=(stop,))
+        out, n_out, _ = speculative.run(params, cfg, AR, SamplingConfig(), state, jax.random.key(0), 12,
+                                        stop_tokens=(stop,))
     first_stop = [next((i for i, t in enumerate(free[b].tolist()) if t == stop), None) for b in range(2)]
     # A stopped row rides along without reading its cache: one slot per step after it stopped.
     steps = np.stack([n for _, n in reads])[::cfg.n_layers]          # [steps, B]
+    assert len(steps) == 11 and {k for k, _ in reads} == {"full"}
     for b in range(2):
         stopped = len(steps) if first_stop[b] is None else first_stop[b]
         assert (steps[stopped:, b] == 1).all() and (steps[:stopped, b] == lengths[b] + 1 + np.arange(stopped)).all()
@@ -125,19 +133,13 @@ def test_stop_token_ends_each_sequence_separately(monkeypatch):
         assert (out[b, want:] == -1).all()
 
 
-def test_sampling_decode_is_reproducible_and_seed_dependent():
+def test_sampling_ar_is_reproducible_and_seed_dependent():
     cfg = tiny("qwen2")
     params = _params(cfg, 11)
-    tokens, lengths = gen.pad_prompts([[4, 5, 6]], multiple=8)
     samp = SamplingConfig(temperature=1.0, top_k=20, top_p=0.95)
-    runs = []
-    for seed in (0, 0, 1):
-        cache = kv_cache.init(cfg, batch=1, capacity=40)
-        lg, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
-        runs.append(gen.decode(params, cfg, samp, cache, lg, jax.random.key(seed), max_new_tokens=16)[0])
+    runs = [ar_run(params, cfg, samp, [[4, 5, 6]], jax.random.key(seed), 16, capacity=40)[0] for seed in (0, 0, 1)]
     assert runs[0].tolist() == runs[1].tolist()
     assert runs[0].tolist() != runs[2].tolist()
-
 
 def test_tree_forward_with_chain_mask_equals_causal():
     cfg = tiny("llama")

@@ -15,6 +15,7 @@ from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.drafter import init_drafter_params
 from jspec.speculative import SpecConfig
 from jspec.speculative import serving as sv
+from reference_decode import decode as plain_decode
 
 GREEDY = SamplingConfig()
 NEW, CAP = 14, 128
@@ -39,8 +40,8 @@ def _alone(cfg, params, prompt, stops):
     tokens, lengths = gen.pad_prompts([prompt])
     logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths),
                                 kv_cache.init(cfg, batch=1, capacity=CAP))
-    out, n, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW,
-                           stop_tokens=stops)
+    out, n, _ = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW,
+                             stop_tokens=stops)
     return np.asarray(out)[0, :int(n[0])].tolist()
 
 

@@ -1,6 +1,7 @@
 """Self-speculative decoding (jspec/speculative) on tiny random float32 models.
 
-- greedy output is token-identical to plain greedy decoding (`decoding.prefill` + `decode`) for every method,
+- greedy output is token-identical to plain greedy decoding (`decoding.prefill` + tests/reference_decode.py) for
+  every method,
   two model families, a ragged batch, a budget so small that most drafts are rejected, and a stop token;
 - with a budget covering the whole context every draft step is exact full attention, so every draft is
   accepted: this checks the selections themselves (identity alone cannot: verification repairs anything);
@@ -26,6 +27,7 @@ from jspec import kv_cache, model, sampling, speculative
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.speculative import SpecConfig
+from reference_decode import decode as plain_decode
 
 GREEDY = SamplingConfig()
 NEW = 20
@@ -75,12 +77,12 @@ def setup(arch):
     tokens, lengths = gen.pad_prompts(prompts, multiple=32)
     cache = kv_cache.init(cfg, batch=len(prompts), capacity=CAPACITY)
     logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths), cache)
-    free, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    free, _, _ = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
     free = np.asarray(free)
     # A stop token that row 0 emits early and row 1 never does: one row stops, another runs to NEW.
     stop = next((int(t) for t in free[0, 3:10] if t not in free[1]), int(free[0, 3]))
     ref = []
-    for row in free.tolist():   # decoding.decode keeps the stop token and ends there (tests/test_model.py)
+    for row in free.tolist():   # plain decoding keeps the stop token and ends there (tests/test_model.py)
         ref.append(row[:row.index(stop) + 1] if stop in row else row)
     return cfg, params, jnp.asarray(tokens), jnp.asarray(lengths), stop, ref
 
@@ -125,7 +127,7 @@ def _looping_setup():
     tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
     cache = kv_cache.init(cfg, batch=len(prompts), capacity=CAPACITY)
     logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
-    free, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    free, _, _ = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
     return cfg, params, prompts, tokens, lengths, np.asarray(free)
 
 
@@ -190,7 +192,7 @@ def test_sampled_rounds_follow_the_target_distribution(gamma, lookup):
         params = damped(params, DAMP)
         cache = kv_cache.init(cfg, batch=1, capacity=16)
         logits, cache = gen.prefill(params, cfg, jnp.asarray(prompt[None, :1], jnp.int32), jnp.array([1]), cache)
-        text, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=11)
+        text, _, _ = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=11)
         prompt = np.concatenate([prompt[:1], np.asarray(text)[0]])
     tokens = jnp.asarray(np.tile(prompt, (N, 1)), jnp.int32)
     lengths = jnp.full((N,), 12, jnp.int32)
@@ -245,7 +247,7 @@ def test_prepare_reuses_a_prefilled_and_decoded_cache():
     cfg, params, tokens, lengths, stop, ref = setup("llama")
     cache = kv_cache.init(cfg, batch=3, capacity=CAPACITY)
     logits, cache = gen.prefill(params, cfg, tokens, lengths, cache)
-    _, _, cache = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+    _, _, cache = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
     last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
     spec = variant("llama", "vegas")
     state = speculative.prepare(params, cfg, spec, kv_cache.rollback(cache, lengths), logits, last)
@@ -282,33 +284,38 @@ SAMPLED = SamplingConfig(temperature=0.9, top_k=20, top_p=0.95)
 
 
 @pytest.mark.parametrize("samp", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_ar_through_the_engine_equals_the_old_loop(samp):
-    """`generate(method="ar")` runs the engine with no drafts; its tokens equal the old loop's
-    (`decoding.decode`, reachable as `_ar_loop="decode"` for the GPU A/B of issue 28) token for token: greedy,
-    and sampled with the same seed (an "ar" round splits its key as a decode step does). Ragged prompts, a
-    stop token ending some rows early, a cache of exactly prompt + new tokens ("ar" needs no margin)."""
+def test_ar_through_the_engine_equals_plain_decoding(samp):
+    """`generate(method="ar")` runs the engine with no drafts; its tokens equal the reference loop's
+    (tests/reference_decode.py, no engine code) token for token: greedy, and sampled with the same seed (an "ar"
+    round splits its key as a plain decoding step does). Ragged prompts, a stop token ending some rows early, a
+    cache of exactly prompt + new tokens ("ar" needs no margin)."""
     cfg, params, _, _, _, _ = setup("llama")
     prompts = [np.random.default_rng(5).integers(4, cfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
-    kw = dict(max_new_tokens=NEW, temperature=samp.temperature, top_k=samp.top_k, top_p=samp.top_p, seed=3)
-    m = jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="")
-    free = jspec.generate(m, prompts, _ar_loop="decode", **kw).tokens
+    tokens, lengths = gen.pad_prompts(prompts)   # as generate pads them, into its default capacity (128)
+
+    def reference(stops):
+        logits, cache = gen.prefill(params, cfg, jnp.asarray(tokens), jnp.asarray(lengths),
+                                    kv_cache.init(cfg, batch=len(prompts), capacity=128))
+        out, n_out, _ = plain_decode(params, cfg, samp, cache, logits, jax.random.key(3), max_new_tokens=NEW,
+                                     stop_tokens=stops)
+        return [out[b, :n_out[b]].tolist() for b in range(len(prompts))]
+
+    free = reference(())
     stop = next(t for t in free[0][2:] if all(t not in row for row in free[1:]))   # ends row 0 only
+    ref = reference((stop,))
+    assert len(ref[0]) < NEW and ref[0][-1] == stop and ref[1:] == free[1:]
+    kw = dict(max_new_tokens=NEW, temperature=samp.temperature, top_k=samp.top_k, top_p=samp.top_p, seed=3)
     m = jspec.Model(params=params, cfg=dataclasses.replace(cfg, eos_token_ids=(stop,)), tokenizer=CharTokenizer(),
                     path="")
-    old = jspec.generate(m, prompts, _ar_loop="decode", **kw)
     new = jspec.generate(m, prompts, **kw)
-    assert new.tokens == old.tokens and len(new.tokens[0]) < NEW and old.tokens[1:] == free[1:]
-    assert jspec.generate(m, prompts, capacity=max(PROMPT_LENGTHS) + NEW, **kw).tokens == old.tokens
+    assert new.tokens == ref
+    assert jspec.generate(m, prompts, capacity=max(PROMPT_LENGTHS) + NEW, **kw).tokens == ref
     s = new.stats
     assert (s.method, s.tau, s.accept_hist, s.knobs) == ("ar", 1.0, None, None) and s.tokens_per_s > 0
     assert s.new_tokens == [len(t) for t in new.tokens] and s.prompt_tokens == list(PROMPT_LENGTHS)
     assert s.decode_s > 0 and s.prefill_s > 0
     if not samp.greedy:   # the seed matters (a sampler ignoring it would pass the identity alone)
         assert jspec.generate(m, prompts, **dict(kw, seed=4)).tokens != new.tokens
-    with pytest.raises(jspec.InputError, match="static-batch 'ar' only"):
-        jspec.generate(m, prompts, method="vegas", _ar_loop="decode")
-    with pytest.raises(jspec.InputError, match="static-batch 'ar' only"):
-        jspec.generate(m, prompts, slots=2, _ar_loop="decode")
 
 
 def test_cli_generate_passes_speculative_knobs(monkeypatch, capsys):
@@ -385,7 +392,7 @@ def test_dense_kernels_inside_the_speculative_loop():
     out = {}
     for name, im in (("dense", impl), ("xla", AttnImpl(backend="xla"))):
         logits, cache = gen.prefill(params, cfg, tokens, lengths, kv_cache.init(cfg, batch=B, capacity=cap), impl=im)
-        ar, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=new, impl=im)
+        ar, _, _ = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=new, impl=im)
         state = speculative.init(params, cfg, spec, tokens, lengths, cap, impl=im)
         sp, _, _ = speculative.run(params, cfg, spec, GREEDY, state, jax.random.key(0), new, impl=im)
         out[name] = (np.asarray(ar), np.asarray(sp))

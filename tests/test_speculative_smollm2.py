@@ -29,6 +29,7 @@ from jspec import decoding as gen
 from jspec import kv_cache, model, speculative
 from jspec.config import SamplingConfig
 from jspec.speculative import SpecConfig
+from reference_decode import decode as plain_decode
 
 NEW = 32
 WIDTH = 576             # prompts padded to this width: also holds prompt + NEW tokens (the near-tie check)
@@ -63,7 +64,7 @@ def _ar(real, dtype):
         params, cfg = real[dtype]
         cache = kv_cache.init(cfg, batch=2, capacity=CAPACITY)
         logits, cache = gen.prefill(params, cfg, real["tokens"], real["lengths"], cache)
-        out, _, _ = gen.decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
+        out, _, _ = plain_decode(params, cfg, GREEDY, cache, logits, jax.random.key(0), max_new_tokens=NEW)
         _refs[dtype] = np.asarray(out)
     return _refs[dtype]
 

@@ -324,14 +324,15 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
                 f.result()
 
     def measure(spec: SpecConfig) -> tuple[float, float]:
+        pk, rk = (prep_kw, run_kw) if spec.method == "longspec" else ({}, {})   # not "ar" (the baseline)
         times = []
         for rep in range(reps + 1):    # rep 0 compiles and warms up: not timed
             state = engine.prepare(params, cfg, spec, kv_cache.rollback(box["cache"], lens), box["logits"], last,
-                                   impl=impl, **prep_kw)
+                                   impl=impl, **pk)
             jax.block_until_ready(state)
             t = time.perf_counter()
             toks, n_out, stats, final = engine.run_donating(params, cfg, spec, GREEDY, state, key, max_new_tokens,
-                                                            stop_tokens=(), impl=impl, **run_kw)
+                                                            stop_tokens=(), impl=impl, **rk)
             jax.block_until_ready((toks, n_out, stats))
             dt = time.perf_counter() - t
             box["cache"], box["logits"] = final.cache, final.logits   # the donated buffers, for the next run
@@ -341,24 +342,10 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
         produced = int(np.maximum(np.asarray(n_out) - 1, 0).sum())
         return stats.tau(), produced / max(min(times), 1e-9)
 
-    def measure_ar() -> float:
-        times = []
-        for rep in range(reps + 1):    # rep 0 compiles and warms up: not timed
-            c = kv_cache.rollback(box["cache"], lens)
-            t = time.perf_counter()
-            toks, n_out, c = gen.decode(params, cfg, GREEDY, c, box["logits"], key, max_new_tokens=max_new_tokens,
-                                        stop_tokens=(), impl=impl)
-            jax.block_until_ready((toks, n_out))
-            dt = time.perf_counter() - t
-            box["cache"] = c
-            if rep:
-                times.append(dt)
-        return int(np.maximum(np.asarray(n_out) - 1, 0).sum()) / max(min(times), 1e-9)
-
     say = log if log is not None else tqdm.write
     ar_tps = None
     if baseline:
-        ar_tps = measure_ar()
+        ar_tps = measure(SpecConfig("ar"))[1]   # the engine without drafts, timed like every candidate
         say(f"ar (plain greedy decoding, the baseline): {ar_tps:9.1f} tok/s")
     if longspec:
         try:

@@ -315,7 +315,7 @@ def run(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, state:
       state: from `init`.
       key: PRNG key (unused for greedy sampling configs).
       max_new_tokens, stop_tokens: static; a sequence ends after emitting a stop token (kept) or
-        max_new_tokens tokens. Greedy output equals `decoding.decode`'s in exact arithmetic (float32 at
+        max_new_tokens tokens. Greedy output equals plain greedy decoding's in exact arithmetic (float32 at
         HIGHEST matmul precision) and in bf16 exact mode (both with impl=AttnImpl(exact=True)); in default
         bf16 up to near-tie rounding (docs/methods.md, "Lossless"). Sampled output has the target's
         distribution.
@@ -382,7 +382,7 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     is_longspec = spec.method == "longspec"
     g = spec.depth
     is_stop = _stop_test(stop_tokens)
-    if spec.method == "ar":   # one key per step, split as `decoding.decode` splits it: the same sampled tokens
+    if spec.method == "ar":   # one key per step, as plain decoding splits it: the same sampled tokens
         key, k_accept = jax.random.split(st.key)
         k_draft = None
     else:
