@@ -15,12 +15,11 @@
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
 #   exact64 / exact16  bf16 exact mode (`--exact --exact-cost`) at L=7936 for one batch size: every lossless
 #                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}_h200.json
-#   arloop           ar through the engine vs the old loop (ar:loop=decode) at L=7936, B=1 and 16
 #   heads            Dustin: `jspec profile-heads` at L=8000, budget 512, for the self drafter (vegas reads) and the
 #                    LongSpec drafter -> $OUT/dustin_heads_{self,longspec}_h200.json + .png; also kept in $C for
 #                    later `dustin64` / `fidelity` calls on the warm machine
 #   dustin64         Dustin end-to-end at L=7936, B=64: vegas (pages of 8) and longspec, each verified densely and by
-#                    Dustin with its `heads` profile (budget 512), and ar through the old loop (ar:loop=decode)
+#                    Dustin with its `heads` profile (budget 512) (bench_dustin64_h200.json ran ar:loop=decode too, the old loop since deleted)
 #   vattn            bench/kernels.py --only verify: Dustin's verification attention vs dense at Llama-3-8B shapes
 #                    (32K, B=16, budget 512 first) -> $OUT/kernels_verify_h200.json
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_h200.json
@@ -57,7 +56,6 @@ for mode in "$@"; do
     exact64|exact16) timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus --out "$OUT/${mode}_h200.json" \
                   --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 --batches "${mode#exact}" 2>&1 \
                   | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}_h200_log.txt" | tail -25 ;;
-    arloop) run arloop "${T_RUN:-200}" --methods ar:loop=decode --lengths 7936 --batches 1,16 ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths 7936 --batches 64 ;;
     heads) for d in self longspec; do
@@ -65,7 +63,7 @@ for mode in "$@"; do
                --out $C/dustin_heads_${d}_h200.json && cp $C/dustin_heads_${d}_h200.json $C/dustin_heads_${d}_h200.png "$OUT/"
            done ;;
     dustin64) P=$C/dustin_heads ; run dustin64 "${T_RUN:-560}" --lengths 7936 --batches 64 --methods \
-                "ar:loop=decode,vegas:select_page=8,vegas:select_page=8,profile=${P}_self_h200.json,longspec,longspec:profile=${P}_longspec_h200.json" ;;
+                "vegas:select_page=8,vegas:select_page=8,profile=${P}_self_h200.json,longspec,longspec:profile=${P}_longspec_h200.json" ;;
     vattn) timeout "${T_RUN:-200}" python3 bench/kernels.py --only verify --time-budget 150 \
              --out "$OUT/kernels_verify_h200.json" 2>&1 | grep -v Warning | tee "$OUT/kernels_verify_h200_log.txt" | tail -25 ;;
     profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
