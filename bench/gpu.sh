@@ -8,23 +8,27 @@
 # Parts: `bash ../shared/gpu/prepare_smollm2.sh`, then split .gpu/a/model.part.aa into 25 MB halves
 # .gpu/a1/model.part.aa0 and .gpu/a2/model.part.aa1; .carry/heldout holds prose the bundled drafter never
 # saw in training (austen_emma.txt, austen_sensesensibility.txt).
-# Modes (each writes $OUT/bench_<mode>_h200.json + .png + _log.txt):
+# Modes (each writes $OUT/bench_<mode>_${SUF}.json + .png + _log.txt):
 #   b64 / b16 / b1   the headline grid at L=7936 (+ 256 new = 8192 positions) for one batch size: ar, streaming, vegas (pages of 8),
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
 #   exact64 / exact16  bf16 exact mode (`--exact --exact-cost`) at L=7936 for one batch size: every lossless
-#                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}_h200.json
+#                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}_${SUF}.json
 #   heads            Dustin: `jspec profile-heads` at L=8000, budget 512, for the self drafter (vegas reads) and the
-#                    LongSpec drafter -> $OUT/dustin_heads_{self,longspec}_h200.json + .png; also kept in $C for
+#                    LongSpec drafter -> $OUT/dustin_heads_{self,longspec}_${SUF}.json + .png; also kept in $C for
 #                    later `dustin64` / `fidelity` calls on the warm machine
 #   dustin64         Dustin end-to-end at L=7936, B=64: vegas (pages of 8) and longspec, each verified densely and by
 #                    Dustin with its `heads` profile (budget 512) (bench_dustin64_h200.json ran ar:loop=decode too, the old loop since deleted)
 #   vattn            bench/kernels.py --only verify: Dustin's verification attention vs dense at Llama-3-8B shapes
-#                    (32K, B=16, budget 512 first) -> $OUT/kernels_verify_h200.json
-#   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_h200.json
+#                    (32K, B=16, budget 512 first) -> $OUT/kernels_verify_${SUF}.json
+#   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_${SUF}.json
+#   beforeafter       issue 28's before/after in one call: the same `jspec bench` (ar and the best lossless methods,
+#                    L=7936, B=16 and 64) from the tree of commit $BEFORE (carry .before: `git archive $BEFORE jspec
+#                    pallas_kernels checkpoints pyproject.toml`; BEFORE_COMMIT=<sha>:<its source hash>), then from
+#                    this tree; both with cuBLAS GEMMs -> $OUT/bench_{before,after}_<card>.json
 #   fidelity         Dustin: `jspec fidelity` teacher-forced at L=$LENGTHS (default 2048,4096,8000), budgets
-#                    128..1024, with $C's profile when `heads` ran before -> $OUT/dustin_fidelity_h200.json + .png
+#                    128..1024, with $C's profile when `heads` ran before -> $OUT/dustin_fidelity_${SUF}.json + .png
 set -uo pipefail
 C=/root/jspec-cache
 # The flags users get: jspec adds --xla_gpu_enable_triton_gemm=false (cuBLAS GEMMs) on import unless XLA_FLAGS
@@ -32,17 +36,19 @@ C=/root/jspec-cache
 # (bench_b64_autotune0_h200.json)
 export JSPEC_CACHE=$C PYTHONPATH=/tmp/site:. XLA_FLAGS="${XLA_FLAGS:-}"
 export JAX_COMPILATION_CACHE_DIR=$C/jax-cache TRANSFORMERS_VERBOSITY=error
+# result names say the card that made them (the lent machine may be an H100 or an H200)
+SUF=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -q H100 && echo h100 || echo h200)
 METHODS="${METHODS:-ar,streaming,vegas:select_page=8,longspec,vegas+lookup8:select_page=8,longspec+lookup8}"
 LOSSLESS="${LOSSLESS:-ar,streaming,quest,vegas:select_page=8,longspec,vegas+lookup8:select_page=8,longspec+lookup8}"
 run() {  # run NAME TIMEOUT ARGS...
   local name=$1 t=$2; shift 2
-  timeout "$t" python3 -m jspec.bench --texts $C/corpus --out "$OUT/bench_${name}_h200.json" "$@" 2>&1 \
-    | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/bench_${name}_h200_log.txt" | tail -25
+  timeout "$t" python3 -m jspec.bench --texts $C/corpus --out "$OUT/bench_${name}_${SUF}.json" "$@" 2>&1 \
+    | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/bench_${name}_${SUF}_log.txt" | tail -25
 }
 tool() {  # tool NAME TIMEOUT SUBCOMMAND ARGS...: a jspec offline tool, its log beside its files in $OUT
   local name=$1 t=$2; shift 2
   timeout "$t" python3 -m jspec.cli "$@" 2>&1 | grep -v -e Warning -e "^  warnings.warn" \
-    | tee "$OUT/dustin_${name}_h200_log.txt" | tail -25
+    | tee "$OUT/dustin_${name}_${SUF}_log.txt" | tail -25
 }
 for mode in "$@"; do
   case "$mode" in
@@ -53,24 +59,31 @@ for mode in "$@"; do
     b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 7936 --batches "${mode#b}" \
                   --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
-    exact64|exact16) timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus --out "$OUT/${mode}_h200.json" \
+    exact64|exact16) timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus --out "$OUT/${mode}_${SUF}.json" \
                   --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 --batches "${mode#exact}" 2>&1 \
-                  | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}_h200_log.txt" | tail -25 ;;
+                  | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}_${SUF}_log.txt" | tail -25 ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths 7936 --batches 64 ;;
     heads) for d in self longspec; do
              tool "heads_$d" "${T_RUN:-270}" profile-heads --texts $C/corpus --length 8000 --budget 512 --drafter $d \
-               --out $C/dustin_heads_${d}_h200.json && cp $C/dustin_heads_${d}_h200.json $C/dustin_heads_${d}_h200.png "$OUT/"
+               --out $C/dustin_heads_${d}_${SUF}.json && cp $C/dustin_heads_${d}_${SUF}.json $C/dustin_heads_${d}_${SUF}.png "$OUT/"
            done ;;
     dustin64) P=$C/dustin_heads ; run dustin64 "${T_RUN:-560}" --lengths 7936 --batches 64 --methods \
-                "vegas:select_page=8,vegas:select_page=8,profile=${P}_self_h200.json,longspec,longspec:profile=${P}_longspec_h200.json" ;;
+                "vegas:select_page=8,vegas:select_page=8,profile=${P}_self_${SUF}.json,longspec,longspec:profile=${P}_longspec_${SUF}.json" ;;
     vattn) timeout "${T_RUN:-200}" python3 bench/kernels.py --only verify --time-budget 150 \
-             --out "$OUT/kernels_verify_h200.json" 2>&1 | grep -v Warning | tee "$OUT/kernels_verify_h200_log.txt" | tail -25 ;;
+             --out "$OUT/kernels_verify_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/kernels_verify_${SUF}_log.txt" | tail -25 ;;
     profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
-               --out "$OUT/profile_step_h200.json" 2>&1 | grep -v Warning | tee "$OUT/profile_step_h200_log.txt" | tail -25 ;;
-    fidelity) prof=$([ -f $C/dustin_heads_self_h200.json ] && echo "--profile $C/dustin_heads_self_h200.json")
+               --out "$OUT/profile_step_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/profile_step_${SUF}_log.txt" | tail -25 ;;
+    beforeafter) BA="${BA:-ar,vegas,vegas:select_page=8,vegas+lookup8:select_page=8,longspec,longspec+lookup8}"
+              export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+              (cd .before && JSPEC_COMMIT=$BEFORE_COMMIT PYTHONPATH=/tmp/site:. timeout "${T_RUN:-280}" python3 -m \
+                 jspec.bench --texts $C/corpus --out "$OUT/bench_before_${SUF}.json" --methods "$BA" --lengths 7936 \
+                 --batches 16,64 2>&1 | grep -v -e Warning -e "^  warnings.warn" \
+                 | tee "$OUT/bench_before_${SUF}_log.txt" | tail -12)
+              run after "${T_RUN:-280}" --methods "$BA" --lengths 7936 --batches 16,64 ;;
+    fidelity) prof=$([ -f $C/dustin_heads_self_${SUF}.json ] && echo "--profile $C/dustin_heads_self_${SUF}.json")
               tool fidelity "${T_RUN:-560}" fidelity --texts $C/corpus --lengths "${LENGTHS:-2048,4096,8000}" \
-                --budgets 128,256,512,1024 --draft-signal "${SIGNAL:-vegas}" $prof --out "$OUT/dustin_fidelity_h200.json" ;;
+                --budgets 128,256,512,1024 --draft-signal "${SIGNAL:-vegas}" $prof --out "$OUT/dustin_fidelity_${SUF}.json" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
 done
