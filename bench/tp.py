@@ -47,7 +47,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import HBM_BYTES_PER_S, base_record, write_json  # noqa: E402
-from jspec import decoding as gen  # noqa: E402
+from jspec import prefill as gen  # noqa: E402
 from jspec import kv_cache, model, sharding, speculative  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402
 from jspec.config import ModelConfig, SamplingConfig, preset  # noqa: E402

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import decoding as _gen
+from jspec import prefill as _gen
 from jspec import kv_cache
 from jspec import speculative  # the self-speculative methods; also makes `jspec.speculative` available
 from jspec.attention import AttnImpl

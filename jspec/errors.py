@@ -1,6 +1,5 @@
 """The errors a caller of jspec acts on. A module of its own, below everything else, so that any layer can
-raise them without importing the layers above (they are re-exported as `jspec.InputError` and
-`jspec.decoding.InputError`)."""
+raise them without importing the layers above (re-exported as `jspec.InputError`)."""
 
 
 class InputError(ValueError):

@@ -20,7 +20,7 @@ the partitioner cannot split, so `AttnImpl(mesh=mesh)` runs them per shard throu
     mesh = make_mesh(4, cfg=cfg)
     params = shard_params(params, cfg, mesh)
     cache = init_cache(cfg, mesh, batch=B, capacity=S)      # or shard_cache(kv_cache.init(...), mesh)
-    logits, cache = decoding.prefill(params, cfg, tokens, lengths, cache, impl=AttnImpl(mesh=mesh))
+    logits, cache = prefill.prefill(params, cfg, tokens, lengths, cache, impl=AttnImpl(mesh=mesh))
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jspec import decoding as gen  # noqa: E402
+from jspec import prefill as gen  # noqa: E402
 from jspec import kv_cache, model  # noqa: E402
 from jspec import sharding as sh  # noqa: E402
 from jspec.attention import AttnImpl  # noqa: E402

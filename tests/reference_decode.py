@@ -1,7 +1,7 @@
 """Plain decoding written out as the tests' reference, independent of the speculative engine: a host loop of
 one jitted `model.forward` step per token.
 
-`decode` continues after `decoding.prefill`: tokens int32[B, max_new_tokens] padded with -1, n_out int32[B]
+`decode` continues after `prefill.prefill`: tokens int32[B, max_new_tokens] padded with -1, n_out int32[B]
 and the cache. A row ends after emitting a stop token (kept) or max_new_tokens tokens; a finished row no
 longer advances (its cache length stays put). Keys are split as the engine's "ar" splits them (one split
 before the first token, one per step), so sampled runs are comparable token for token.

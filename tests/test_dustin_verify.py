@@ -26,7 +26,7 @@ import jspec
 import test_longspec as tl
 import test_speculative as ts
 from conftest import CharTokenizer
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import dustin, kv_cache, model, sampling, speculative
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig

@@ -27,7 +27,7 @@ import pytest
 
 import pallas_kernels as pk
 from _kernel_utils import poison_after, random_qkv, random_tree_mask
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import kv_cache, model, speculative
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig

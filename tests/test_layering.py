@@ -39,7 +39,7 @@ LAYERS = (
     ("api", ("jspec.api", "jspec")),
     ("speculative", ("jspec.speculative.*",)),
     # the target's forward and prefill; the LongSpec drafter block (a decoder layer) + store
-    ("model", ("jspec.model", "jspec.decoding", "jspec.drafter.*")),
+    ("model", ("jspec.model", "jspec.prefill", "jspec.drafter.*")),
     ("layers / attention", ("jspec.attention", "jspec.kv_cache", "jspec.sharding", "jspec.sampling",
                             "jspec.selection", "jspec.dustin")),
     ("base", ("jspec.config", "jspec.errors", "jspec.data", "jspec.provenance", "jspec.checkpoints.*")),

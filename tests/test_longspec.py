@@ -26,7 +26,7 @@ import pytest
 from scipy import stats
 
 from conftest import damped
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import kv_cache, model, sampling, speculative
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.drafter import drafter_fill, init_drafter_params, load_drafter

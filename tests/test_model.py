@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from jspec import api
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import kv_cache, model, speculative
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
+from jspec.errors import InputError
 from jspec.speculative import SpecConfig
 
 
@@ -213,13 +214,13 @@ def test_collected_scores_match_bruteforce_attention_weights():
 
 
 def test_check_request_errors():
-    with pytest.raises(gen.InputError, match="empty"):
+    with pytest.raises(InputError, match="empty"):
         api.check_request([3, 0], capacity=64, max_new_tokens=4, vocab_size=10)
-    with pytest.raises(gen.InputError, match="cache holds 64"):
+    with pytest.raises(InputError, match="cache holds 64"):
         api.check_request([60], capacity=64, max_new_tokens=8, vocab_size=10)
-    with pytest.raises(gen.InputError, match="no prompts"):
+    with pytest.raises(InputError, match="no prompts"):
         api.check_request([], capacity=64, max_new_tokens=8, vocab_size=10)
-    with pytest.raises(gen.InputError, match=r"\[0, 10\)"):
+    with pytest.raises(InputError, match=r"\[0, 10\)"):
         api.check_request([2], capacity=64, max_new_tokens=8, vocab_size=10, tokens=[1, 12])
     api.check_request([56], capacity=64, max_new_tokens=8, vocab_size=10)
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from conftest import damped
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import kv_cache, model, speculative
 from jspec.config import ModelConfig, SamplingConfig
 from jspec.speculative import SpecConfig

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jspec import selection
-from jspec.decoding import InputError
+from jspec.errors import InputError
 from jspec.speculative import SpecConfig
 from jspec.speculative import vegas
 

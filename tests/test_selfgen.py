@@ -8,7 +8,7 @@ import pytest
 
 import jspec
 from jspec import cli, data
-from jspec.decoding import InputError
+from jspec.errors import InputError
 from jspec.offline.training_text import tokenize
 from jspec.offline.selfgen import self_generate
 

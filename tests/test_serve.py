@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import kv_cache, model
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.drafter import init_drafter_params

@@ -1,6 +1,6 @@
 """Self-speculative decoding (jspec/speculative) on tiny random float32 models.
 
-- greedy output is token-identical to plain greedy decoding (`decoding.prefill` + tests/reference_decode.py) for
+- greedy output is token-identical to plain greedy decoding (`prefill.prefill` + tests/reference_decode.py) for
   every method,
   two model families, a ragged batch, a budget so small that most drafts are rejected, and a stop token;
 - with a budget covering the whole context every draft step is exact full attention, so every draft is
@@ -22,7 +22,7 @@ from scipy import stats
 
 import jspec
 from conftest import CharTokenizer, damped, spy_attention_reads
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import kv_cache, model, sampling, speculative
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from jspec import data
-from jspec import decoding as gen
+from jspec import prefill as gen
 from jspec import kv_cache, model, speculative
 from jspec.config import SamplingConfig
 from jspec.speculative import SpecConfig

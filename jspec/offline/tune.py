@@ -213,7 +213,7 @@ def tune(model, *, prompts=None, prompt_tokens: int = 2048, batch: int = 1, max_
     from tqdm.auto import tqdm
 
     from jspec import api, kv_cache
-    from jspec import decoding as gen
+    from jspec import prefill as gen
     from jspec.speculative import engine
 
     if method not in METHODS:

@@ -108,7 +108,7 @@ def init(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prompt_lengt
       capacity: static cache slots; needs max(prompt_lengths) + max_new_tokens + spec.capacity_margin().
       drafter: longspec only: the drafter block's params (traced).
     Returns:
-      State. Jittable (static cfg, spec, capacity, impl). The prefill is exactly `decoding.prefill`'s.
+      State. Jittable (static cfg, spec, capacity, impl). The prefill is exactly `prefill.prefill`'s.
     """
     B = prompt_tokens.shape[0]
     lengths = prompt_lengths.astype(jnp.int32)
@@ -123,12 +123,12 @@ def init_sharded(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prom
                  impl: AttnImpl = AttnImpl(), drafter=None) -> State:
     """`init` for tensor-parallel params: the cache is created in the mesh's head-sharded layout
     (`sharding.init_cache`; inside `init` its layout would be left to XLA), then the same prefill
-    (`decoding.prefill`) and `prepare`. Not jitted as a whole: two programs."""
-    from jspec import decoding, sharding
+    (`prefill.prefill`) and `prepare`. Not jitted as a whole: two programs."""
+    from jspec import prefill, sharding
 
     tokens, lengths = jnp.asarray(prompt_tokens), jnp.asarray(prompt_lengths, jnp.int32)
     cache = sharding.init_cache(cfg, mesh, batch=tokens.shape[0], capacity=capacity)
-    logits, cache = decoding.prefill(params, cfg, tokens, lengths, cache, impl=impl)
+    logits, cache = prefill.prefill(params, cfg, tokens, lengths, cache, impl=impl)
     last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
     extra = dict(drafter=drafter) if spec.method == "longspec" else {}
     if spec.method == "longspec" or spec.lookup:
@@ -139,7 +139,7 @@ def init_sharded(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prom
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "impl"), donate_argnames=("cache",))
 def prepare(params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, logits, last_token,
             impl: AttnImpl = AttnImpl(), drafter=None, prompt_tokens=None) -> State:
-    """A State from an already prefilled cache (e.g. `decoding.prefill`'s cache and logits f32[B, V]);
+    """A State from an already prefilled cache (e.g. `prefill.prefill`'s cache and logits f32[B, V]);
     last_token int32[B] is each prompt's last token. Lets one prefill serve several methods: a cache that
     has been decoded from can be reused after `kv_cache.rollback` to the prompt lengths.
 

@@ -1,4 +1,4 @@
-"""Prompt input to the cache. Two parts:
+"""Prompts into the KV cache, the first step of every path. Two parts:
 
   pad_prompts  host side: token lists -> one right-padded [B, T] int32 array (T rounded up to a multiple, to
                limit recompiles) + their lengths; what `prefill` takes.
@@ -18,7 +18,6 @@ import numpy as np
 from jspec import kv_cache, model
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig
-from jspec.errors import InputError  # noqa: F401  (re-exported: jspec.decoding.InputError)
 
 
 def pad_prompts(prompts: list[list[int]], multiple: int = 64):
