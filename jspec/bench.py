@@ -364,8 +364,8 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                     rec["fidelity"] = fidelity(spec, methods, outputs)
                 if lossless_check:
                     rec.update(differences=diffs, timed=False)   # tokens/s includes compilation here
-                if impl.exact:
-                    rec["exact"] = True
+                if impl.exact:   # where a row leaves exact ar's output says which step broke the guarantee
+                    rec.update(exact=True, differences=diffs)
                 if cost_impl is not None:   # the same method and prompts in the default mode, timed alike
                     base, _ = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos, reps=reps, impl=cost_impl)
                     d = base.stats.tokens_per_s
