@@ -12,7 +12,7 @@
 #   b64 / b16 / b1   the headline grid at L=7936 (+ 256 new = 8192 positions) for one batch size: ar, streaming, vegas (pages of 8),
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
-#   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=7936, B=64
+#   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=$LENGTHS (7936), B=64
 #   exact64 / exact16  bf16 exact mode (`--exact --exact-cost`) at L=7936 for one batch size: every lossless
 #                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}_${SUF}.json
 #   heads            Dustin: `jspec profile-heads` at L=8000, budget 512, for the self drafter (vegas reads) and the
@@ -63,7 +63,7 @@ for mode in "$@"; do
                   --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 --batches "${mode#exact}" 2>&1 \
                   | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}_${SUF}_log.txt" | tail -25 ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
-                  --lengths 7936 --batches 64 ;;
+                  --lengths "${LENGTHS:-7936}" --batches 64 ;;
     heads) for d in self longspec; do
              tool "heads_$d" "${T_RUN:-270}" profile-heads --texts $C/corpus --length 8000 --budget 512 --drafter $d \
                --out $C/dustin_heads_${d}_${SUF}.json && cp $C/dustin_heads_${d}_${SUF}.json $C/dustin_heads_${d}_${SUF}.png "$OUT/"
