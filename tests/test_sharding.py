@@ -43,10 +43,9 @@ def test_param_shardings_as_asked(report):
     want = {
         "['embed']": "()", "['final_norm']": "()", "['lm_head']": "(None, 'tp')",
         "['layers']['attn_norm']": "()", "['layers']['mlp_norm']": "()",
-        "['layers']['wq']": "(None, None, 'tp')", "['layers']['wk']": "(None, None, 'tp')",
-        "['layers']['wv']": "(None, None, 'tp')", "['layers']['wo']": "(None, 'tp')",
+        "['layers']['wqkv']": "(None, None, 'tp')", "['layers']['wo']": "(None, 'tp')",
         "['layers']['bq']": "(None, 'tp')", "['layers']['bk']": "(None, 'tp')", "['layers']['bv']": "(None, 'tp')",
-        "['layers']['w_gate']": "(None, None, 'tp')", "['layers']['w_up']": "(None, None, 'tp')",
+        "['layers']['w_gu']": "(None, None, None, 'tp')",
         "['layers']['w_down']": "(None, 'tp')",
     }
     assert set(got) == set(want)
