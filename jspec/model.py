@@ -97,7 +97,8 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
         finished row stops costing its context's bandwidth. Their outputs are junk (finite); live rows
         are unaffected.
     Returns:
-      logits f32[B, R or T, V], the updated cache, and aux: {"scores": f32[L, B, S]} when score_rows.
+      logits f32[B, R or T, V], the updated cache, and aux: {"scores": f32[L, B, S]} when score_rows,
+      {"probe": f32[B, S]} when a probe returned something.
     """
     B, T = tokens.shape
     impl = impl.for_step(T)   # exact mode covers decode and verification steps, not long prefills
@@ -120,7 +121,7 @@ def forward(params, cfg: ModelConfig, tokens, cache: kv_cache.KVCache, *, n_new=
     all_scores, probed = [], []
     lp = params["layers"]
     for i in range(cfg.n_layers):
-        p = jax.tree.map(lambda w: w[i], lp)
+        p = jax.tree.map(lambda w: w[i], lp)   # layer i's weights (the fused kernels read lp at i in place)
         q, k, v = dense.qkv(x, pos, p, i)
         k_all, v_all = kv_cache.write(k_all, v_all, i, slots, k, v)
         o, scores, got = attn(i, q, k_all, v_all)
