@@ -48,7 +48,8 @@ def _np_inv_freq(cfg):
             if wavelen > rs.original_max_position / rs.low_freq_factor:
                 f = f / rs.factor
             elif wavelen >= rs.original_max_position / rs.high_freq_factor:
-                s = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+                lo, hi = rs.low_freq_factor, rs.high_freq_factor
+                s = (rs.original_max_position / wavelen - lo) / (hi - lo)
                 f = (1 - s) * f / rs.factor + s * f
         out.append(f)
     return np.array(out)
