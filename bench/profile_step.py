@@ -127,7 +127,7 @@ def setup(*, model_name: str, tiny: bool, L: int, B: int, texts, gamma: int) -> 
     if tiny:   # random weights and tokens; small selections so that they select at L=192
         from jspec.drafter import init_drafter_params
         cfg = TINY
-        params = model.fuse_projections(model.init_params(cfg, jax.random.key(0)), cfg)
+        params = model.init_params(cfg, jax.random.key(0))
         rng = np.random.default_rng(0)
         prompts = [rng.integers(3, cfg.vocab_size, L - int(rng.integers(0, L // 10))).tolist() for _ in range(B)]
         specs = dict(ar=S("ar"), vegas=S("vegas", gamma=gamma, budget=64, select_page=8),

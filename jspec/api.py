@@ -83,15 +83,15 @@ class Output:
 
 
 def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, progress: bool = True,
-         devices: int = 1, fuse: bool = True) -> Model:
+         devices: int = 1) -> Model:
     """Load a converted checkpoint; a known model name is fetched and converted on first use.
 
     devices: tensor-parallel degree: N > 1 shards the heads (and the FFN width) over a 1-D mesh of the first
       N jax devices (jspec/sharding.py); generation then keeps the KV cache sharded the same way. N must not
       exceed the devices present and must divide the query heads, the KV heads and the FFN width
       (`jspec.sharding.ShardingError`, a ValueError, says which otherwise). 1: one device, no mesh.
-    fuse: hand out the runtime layout (`jspec.model.fuse_projections`: q/k/v and gate/up as one weight each,
-      fewer kernels per layer); False keeps the stored layout (wq, wk, wv, w_gate, w_up).
+    The params are the runtime layout `jspec.model.forward` runs (`jspec.model.fuse_projections` of the stored
+    one: q/k/v and gate/up as one weight each).
     """
     from jspec import checkpoints
     from transformers import AutoTokenizer
@@ -103,14 +103,13 @@ def load(name_or_dir: str = "smollm2-135m", *, dtype: Optional[str] = None, prog
 
         # Check the mesh against the stored config before reading any weights: errors come fast.
         mesh = sharding.make_mesh(devices, cfg=checkpoints.load_config(path))
-        shardings = sharding.param_shardings(checkpoints.load_config(path), mesh)
+        shardings = sharding.param_shardings(checkpoints.load_config(path), mesh, stored=True)
     params, cfg = checkpoints.load(path, dtype=dtype, sharding=shardings)
-    if fuse:
-        from jspec import model as _model
+    from jspec import model as _model
 
-        out = None if mesh is None else sharding.param_shardings(cfg, mesh, fused=True)
-        # (Donation would not help: no output has an input's shape. The stored arrays are freed on return.)
-        params = jax.jit(_model.fuse_projections, static_argnums=1, out_shardings=out)(params, cfg)
+    out = None if mesh is None else sharding.param_shardings(cfg, mesh)
+    # (Donation would not help: no output has an input's shape. The stored arrays are freed on return.)
+    params = jax.jit(_model.fuse_projections, static_argnums=1, out_shardings=out)(params, cfg)
     tok = AutoTokenizer.from_pretrained(f"{path}/tokenizer")
     return Model(params=params, cfg=cfg, tokenizer=tok, path=path, mesh=mesh)
 

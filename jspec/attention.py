@@ -1,7 +1,8 @@
 """Attention over the fixed-capacity cache: one entry point per use (`full`, `sparse`, `sparse_scores`), each
 going through the kernels' one dispatcher (`pallas_kernels`: the Pallas kernel where it runs, else the
 production XLA path of pallas_kernels/xla.py, which is also what runs on CPU). What is jspec's here: how a
-model asks for attention (`AttnImpl`) and tensor parallelism around the ops (`_per_shard`).
+model asks for attention (`AttnImpl`, and `Read`: what one layer's queries read, for `attend`) and tensor
+parallelism around the ops (`_per_shard`).
 
 Convention shared with the kernels: the T query tokens of a call have already been written into the cache
 at slots `kv_len - T .. kv_len - 1` (bottom-right aligned), so query t of row b sees key j iff
@@ -10,7 +11,7 @@ at slots `kv_len - T .. kv_len - 1` (bottom-right aligned), so query t of row b 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 from jax.sharding import Mesh
@@ -43,7 +44,7 @@ class AttnImpl:
     (run with the same impl) bit for bit, whatever gamma, lookup tokens or tree shape (docs/methods.md,
     "Lossless"). Draft steps keep the default path (`for_drafts`): their rounding only changes what is proposed.
     Needs the Pallas kernels (a GPU, or interpret=True) and a model the dense kernels tile (Llama-style
-    layers, no q/k/v bias or q/k norm, contraction <= 2048: `model.exact_supported`); elsewhere the steps
+    layers, no q/k/v bias or q/k norm, contraction <= 2048: `layers.exact_supported`); elsewhere the steps
     fall back to the default path and are not exact. The final norm and LM head stay XLA's (f32 logits).
     """
 
@@ -71,6 +72,44 @@ class AttnImpl:
         """The impl of draft steps: the default path (a draft's rounding changes what is proposed, never what
         is emitted, since every emitted token comes from a target step)."""
         return dataclasses.replace(self, exact=False) if self.exact else self
+
+
+class Read(NamedTuple):
+    """One layer's attention input: what the T new queries of a step read (`attend`).
+
+    The whole cache (causal) by default; `tree_mask` makes the T new tokens a tree (tree verification);
+    `idx` / `n_valid` restrict the prefix to a selection (sparse drafting and verification); `score_rows`
+    also returns the per-position scores of those query rows (Collect-2-Query). Any combination.
+    """
+
+    kv_len: jax.Array                    # int32[B]: valid entries including the T new ones
+    tree_mask: Optional[jax.Array] = None  # bool[B, T, T]
+    idx: Optional[jax.Array] = None        # int32[B, M] (or [L, B, M]: every layer's) selected positions
+    n_valid: Optional[jax.Array] = None    # int32[B] (or [L, B])
+    score_rows: tuple = ()               # static query rows
+    score_mode: str = "weights"          # "weights" | "logits" (see `full`)
+
+    def select(self, idx, n_valid) -> "Read":
+        """This read restricted to the selection idx[b, :n_valid[b]] (+ the T new tokens)."""
+        return self._replace(idx=idx, n_valid=n_valid)
+
+
+def attend(q, k_all, v_all, layer: int, read: Read, impl: AttnImpl = AttnImpl()):
+    """Attention of the queries q [B, T, N, H] over layer `layer` of the stacked cache [L, B, S, K, H] (the T new
+    entries already written), as `read` describes: `full` or `sparse` (+ `sparse_scores`).
+
+    Returns:
+      out [B, T, N, H], scores f32[B, S] summed over heads and read.score_rows (None without score rows; under a
+      selection 0 at the slots not read).
+    """
+    if read.idx is None:
+        return full(q, k_all, v_all, layer, read.kv_len, tree_mask=read.tree_mask, score_rows=read.score_rows,
+                    score_mode=read.score_mode, impl=impl)
+    o = sparse(q, k_all, v_all, layer, read.kv_len, read.idx, read.n_valid, tree_mask=read.tree_mask, impl=impl)
+    if not read.score_rows:
+        return o, None
+    return o, sparse_scores(q, k_all, layer, read.kv_len, read.idx, read.n_valid, score_rows=read.score_rows,
+                            score_mode=read.score_mode, tree_mask=read.tree_mask)
 
 
 def _per_shard(impl: AttnImpl, op, q, k_all, v_all, *replicated, scores: bool = False):

@@ -617,8 +617,8 @@ def run(a) -> int:
                     exact_cost=a.exact_cost, check_lossless=a.check_lossless,
                     dtype=str(jax.tree.leaves(model.params)[0].dtype))
     if a.exact:   # False: this model or device falls back to the default path, and the run is not exact mode
-        from jspec import model as model_lib
-        settings["exact_supported"] = model_lib.exact_supported(model.params, model.cfg, impl)
+        from jspec import layers
+        settings["exact_supported"] = layers.exact_supported(model.params, model.cfg, impl)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
     def write(records, complete=False):

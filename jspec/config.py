@@ -3,8 +3,8 @@
 `ModelConfig` describes one decoder-only transformer of the Llama family (Llama 3.x, SmolLM2), Qwen2/2.5
 (q/k/v bias) or Qwen3 (q/k RMSNorm). `SamplingConfig` describes how logits become tokens.
 
-The in-memory parameter layout (one layout; every format translation lives in `jspec/checkpoints/`) is a plain
-nested dict, layers stacked on a leading L axis (the forward unrolls the layer loop, model.py):
+The parameter layout (every format translation lives in `jspec/checkpoints/`) is a plain nested dict, layers
+stacked on a leading L axis (the forward unrolls the layer loop, model.py):
 
     embed        [V, D]
     final_norm   [D]
@@ -16,9 +16,9 @@ nested dict, layers stacked on a leading L axis (the forward unrolls the layer l
       q_norm [L, H]     k_norm [L, H]                       (only when cfg.qk_norm)
       w_gate [L, D, F]  w_up [L, D, F]    w_down [L, F, D]
 
-`jspec.load` hands out the runtime variant (`model.fuse_projections`): wq/wk/wv become
-wqkv [L, D, K, G+2, H] (per KV head: its G = N/K query heads, then k, then v) and w_gate/w_up become
-w_gu [L, D, 2, F]; `model.forward` takes either.
+That is the stored layout (checkpoints). The runtime layout, the only one `model.forward` runs (what `jspec.load`
+and `model.init_params` hand out; `model.fuse_projections` converts): wq/wk/wv become wqkv [L, D, K, G+2, H]
+(per KV head: its G = N/K query heads, then k, then v) and w_gate/w_up become w_gu [L, D, 2, F].
 
 RoPE uses the Hugging Face "rotate half" convention (the first and second halves of H form the pairs).
 """

@@ -7,7 +7,7 @@ layer). The layout, with tp the mesh axis (default "tp"):
     wq, wk, wv  [L, D, N|K, H]  heads on tp        bq, bk, bv  [L, N|K, H]  heads on tp
     wo          [L, N, H, D]    heads on tp        (row-parallel: its output is summed over tp)
     w_gate, w_up [L, D, F]      F on tp            w_down [L, F, D]  F on tp (row-parallel)
-    wqkv [L, D, K, G+2, H], w_gu [L, D, 2, F]: the fused runtime layout (model.fuse_projections), K / F on tp
+    wqkv [L, D, K, G+2, H], w_gu [L, D, 2, F]: the same, fused (the runtime layout), K / F on tp
     lm_head     [D, V]          V on tp when tp divides V (the logits stay vocab-sharded), else replicated
     embed, norms, q_norm/k_norm replicated
     cache k, v  [L, B, S, K, H] K on tp            lengths replicated
@@ -90,16 +90,16 @@ def tp_size(mesh: Mesh) -> int:
     return mesh.shape[tp_axis(mesh)]
 
 
-def param_specs(cfg: ModelConfig, tp: str = "tp", tp_size: int = 1, fused: bool = False) -> dict:
-    """PartitionSpecs shaped like the parameter pytree of `cfg` (layout in config.py; `fused`: the layout of
-    model.fuse_projections)."""
+def param_specs(cfg: ModelConfig, tp: str = "tp", tp_size: int = 1, stored: bool = False) -> dict:
+    """PartitionSpecs shaped like the parameter pytree of `cfg` (layouts in config.py): the fused runtime
+    layout, or with `stored` the checkpoint layout (separate wq/wk/wv, w_gate/w_up)."""
     col = {"wq": P(None, None, tp, None), "wk": P(None, None, tp, None), "wv": P(None, None, tp, None),
            "wqkv": P(None, None, tp, None, None), "w_gu": P(None, None, None, tp),
            "bq": P(None, tp, None), "bk": P(None, tp, None), "bv": P(None, tp, None),
            "wo": P(None, tp, None, None),                      # row-parallel over heads
            "w_gate": P(None, None, tp), "w_up": P(None, None, tp),
            "w_down": P(None, tp, None)}                        # row-parallel over F
-    proj = ["wqkv", "w_gu"] if fused else ["wq", "wk", "wv", "w_gate", "w_up"]
+    proj = ["wq", "wk", "wv", "w_gate", "w_up"] if stored else ["wqkv", "w_gu"]
     names = ["attn_norm", "mlp_norm", "wo", "w_down"] + proj
     if cfg.qkv_bias:
         names += ["bq", "bk", "bv"]
@@ -112,11 +112,12 @@ def param_specs(cfg: ModelConfig, tp: str = "tp", tp_size: int = 1, fused: bool 
     return specs
 
 
-def param_shardings(cfg: ModelConfig, mesh: Mesh, fused: bool = False) -> dict:
-    """NamedShardings shaped like the parameter pytree (pass to `jspec.checkpoints.store.load(sharding=...)`)."""
+def param_shardings(cfg: ModelConfig, mesh: Mesh, stored: bool = False) -> dict:
+    """NamedShardings shaped like the parameter pytree, fused runtime layout or `stored` (the checkpoint layout:
+    pass those to `jspec.checkpoints.store.load(sharding=...)`)."""
     axis = tp_axis(mesh)
     check_divisible(cfg, mesh.shape[axis])
-    specs = param_specs(cfg, axis, mesh.shape[axis], fused)
+    specs = param_specs(cfg, axis, mesh.shape[axis], stored)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
@@ -129,7 +130,7 @@ def cache_sharding(mesh: Mesh) -> kv_cache.KVCache:
 
 def shard_params(params, cfg: ModelConfig, mesh: Mesh):
     """Place `params` (arrays or numpy, either layout) on the mesh; shape mismatches with `cfg` raise."""
-    shardings = param_shardings(cfg, mesh, fused="wqkv" in params.get("layers", {}))
+    shardings = param_shardings(cfg, mesh, stored="wqkv" not in params.get("layers", {}))
     if jax.tree.structure(params) != jax.tree.structure(shardings):
         raise ShardingError(f"params do not match the layout of cfg: got {jax.tree.structure(params)}, "
                             f"expected {jax.tree.structure(shardings)}")

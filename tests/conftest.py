@@ -47,6 +47,16 @@ def random_params(cfg: ModelConfig, seed: int = 0) -> dict:
     return params
 
 
+def runtime_params(cfg: ModelConfig, seed: int = 0, scale: float = 1.0) -> dict:
+    """`random_params` (times `scale`) as jax arrays in the fused runtime layout that `model.forward` runs (what
+    jspec.load hands out)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jspec import model
+    return model.fuse_projections(jax.tree.map(lambda x: jnp.asarray(scale * x), random_params(cfg, seed)), cfg)
+
+
 @pytest.fixture
 def tiny_model():
     """Factory: tiny_model(arch, **config_overrides) -> (params float32 numpy, cfg)."""

@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import jspec
@@ -135,19 +134,22 @@ def test_longspec_drafter_errors(smol, tmp_path, capsys):
     assert rc == 2 and "--drafter only applies" in err and "Traceback" not in err
 
 
-def test_load_fuses_projections_unless_asked_not_to(smollm2_ckpt):
-    """jspec.load hands out the fused runtime layout; fuse=False keeps the stored one; both give the same
-    logits on the real model (float32)."""
+def test_load_hands_out_the_fused_layout(smollm2_ckpt):
+    """jspec.load hands out the one runtime layout (the stored checkpoint's weights fused); forward refuses the
+    stored layout with an InputError that says how to convert it."""
+    import jax
     import jax.numpy as jnp
 
-    from jspec import kv_cache, model
-    fused, stored = (jspec.load(smollm2_ckpt, dtype="float32", fuse=f) for f in (True, False))
-    assert {"wqkv", "w_gu"} <= set(fused.params["layers"]) and "wq" not in fused.params["layers"]
-    stored_leaves = set(stored.params["layers"])
-    assert {"wq", "wk", "wv", "w_gate", "w_up"} <= stored_leaves and "wqkv" not in stored_leaves
-    toks = jnp.asarray([jspec.encode(fused, "def fibonacci(n):\n    return")[0]], jnp.int32)
-    got = [model.forward(m.params, m.cfg, toks, kv_cache.init(m.cfg, batch=1, capacity=32))[0] for m in (fused, stored)]
-    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(got[1]), atol=2e-4, rtol=1e-4)
+    from jspec import checkpoints, kv_cache, model
+    m = jspec.load(smollm2_ckpt, dtype="float32")
+    assert {"wqkv", "w_gu"} <= set(m.params["layers"]) and "wq" not in m.params["layers"]
+    stored, _ = checkpoints.load(smollm2_ckpt, dtype="float32")
+    assert {"wq", "wk", "wv", "w_gate", "w_up"} <= set(stored["layers"]) and "wqkv" not in stored["layers"]
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), model.fuse_projections(stored, m.cfg),
+                                     m.params))
+    toks = jnp.asarray([jspec.encode(m, "def fibonacci(n):\n    return")[0]], jnp.int32)
+    with pytest.raises(jspec.InputError, match="fuse_projections"):
+        model.forward(stored, m.cfg, toks, kv_cache.init(m.cfg, batch=1, capacity=32))
 
 
 @pytest.mark.parametrize("user_flags, before, expect", [

@@ -154,15 +154,15 @@ def test_exact_summary_on_a_tiny_model():
 
     import jspec
     from conftest import CharTokenizer
-    from jspec import model
+    from jspec import layers, model
     from jspec.attention import AttnImpl
     from jspec.config import ModelConfig
     cfg = ModelConfig(arch="llama", vocab_size=96, d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=64,
                       ffn_dim=96, rope_theta=10000.0, dtype="bfloat16", max_position=512, eos_token_ids=())
-    params = model.fuse_projections(model.init_params(cfg, jax.random.key(4), scale=0.3), cfg)
+    params = model.init_params(cfg, jax.random.key(4), scale=0.3)
     m = jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="tiny")
     exact = AttnImpl(backend="pallas", interpret=True, exact=True)
-    assert model.exact_supported(params, cfg, exact)
+    assert layers.exact_supported(params, cfg, exact)
     methods = bench.split_methods("vegas+lookup2:gamma=6,budget=16,min_tokens=8")
     records = bench.bench(m, methods=methods, lengths=[40], batches=[2], workload="continue", new=6, reps=1,
                           ignore_eos=True, impl=exact, cost_impl=AttnImpl(backend="pallas", interpret=True),

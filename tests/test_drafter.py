@@ -18,12 +18,12 @@ from jspec.drafter import (anchor_positions, attend, cross_mask, drafter_forward
 from jspec.offline.train_drafter import drafter_loss, lr_at, target_last_kv, train_drafter
 from jspec.model import forward
 
-from conftest import random_params, tiny_config
+from conftest import runtime_params, tiny_config
 
 
 def _tiny(arch="llama", **kw):
     cfg = tiny_config(arch, dtype="float32", **kw)
-    return cfg, jax.tree.map(jnp.asarray, random_params(cfg))
+    return cfg, runtime_params(cfg)
 
 
 # --- training regimes --------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ class _ByteTokenizer:
 
 def _tiny_model(seed=0):
     cfg = tiny_config("llama", dtype="float32", max_position=512)
-    tp = jax.tree.map(lambda x: jnp.asarray(0.3 * x), random_params(cfg, seed))
+    tp = runtime_params(cfg, seed, scale=0.3)
     return Model(params=tp, cfg=cfg, tokenizer=_ByteTokenizer(cfg.vocab_size), path="tiny")
 
 

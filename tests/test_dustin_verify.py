@@ -81,7 +81,7 @@ def majority():
     cfg = ModelConfig(arch="llama", vocab_size=16, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
                       ffn_dim=32, rope_theta=10000.0, dtype="float32", max_position=512, tie_embeddings=True,
                       eos_token_ids=())
-    p = model.init_params(cfg, jax.random.key(0))
+    p = model.init_params(cfg, jax.random.key(0), stored=True)
     emb = np.zeros((16, 64), np.float32)
     emb[A, 0], emb[B_, 1] = 8.0, 8.0
     for t in range(16):
@@ -94,6 +94,7 @@ def majority():
     lay = p["layers"]
     p = dict(p, embed=jnp.asarray(emb), layers=dict(lay, wq=0 * lay["wq"], wk=0 * lay["wk"], wv=jnp.asarray(wv),
                                                      wo=jnp.asarray(wo), w_down=0 * lay["w_down"]))
+    p = model.fuse_projections(p, cfg)
     toks = jnp.asarray(np.array([[A] * 100 + [B_] * 30], np.int32))
     return cfg, p, toks, jnp.asarray([130], jnp.int32)
 
@@ -169,7 +170,8 @@ def _np_forward(params, cfg, tokens, positions, mask):
 def test_verification_reads_exactly_i_verify_and_the_new_tokens(tree, backend):
     cfg = ModelConfig(arch="llama", vocab_size=64, d_model=64, n_layers=2, n_heads=3, n_kv_heads=1, head_dim=64,
                       ffn_dim=96, rope_theta=10000.0, dtype="float32", max_position=256, tie_embeddings=True)
-    params = model.init_params(cfg, jax.random.key(3), scale=0.3)
+    stored = model.init_params(cfg, jax.random.key(3), scale=0.3, stored=True)   # the reference reads wq, wk, ...
+    params = model.fuse_projections(stored, cfg)
     rng = np.random.default_rng(4)
     P, T, M, S = 40, 5, 12, 64
     prompt = rng.integers(1, 64, P)
@@ -201,11 +203,11 @@ def test_verification_reads_exactly_i_verify_and_the_new_tokens(tree, backend):
     mask[0, P:, chosen] = True                           # layer 0: I_verify
     mask[1, P:, :P] = True                               # layer 1 is a dense layer
     positions = np.concatenate([np.arange(P), P + depth]).astype(np.float64)
-    want = _np_forward(params, cfg, np.concatenate([prompt, block]), positions, mask)[P:]
+    want = _np_forward(stored, cfg, np.concatenate([prompt, block]), positions, mask)[P:]
     np.testing.assert_allclose(np.asarray(got[0]), want, rtol=2e-4, atol=2e-4)
     # ... and not the dense verification (the test can fail: the selection matters)
     mask[0, P:, :P] = True
-    dense = _np_forward(params, cfg, np.concatenate([prompt, block]), positions, mask)[P:]
+    dense = _np_forward(stored, cfg, np.concatenate([prompt, block]), positions, mask)[P:]
     assert np.abs(np.asarray(got[0]) - dense).max() > 1e-2
 
 

@@ -28,7 +28,7 @@ import pytest
 import pallas_kernels as pk
 from _kernel_utils import poison_after, random_qkv, random_tree_mask
 from jspec import prefill as gen
-from jspec import kv_cache, model, speculative
+from jspec import kv_cache, layers, model, speculative
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, SamplingConfig
 from jspec.drafter import init_drafter_params
@@ -153,7 +153,7 @@ NEW, CAPACITY = 32, 320
 
 @functools.lru_cache(maxsize=None)
 def _setup():
-    params = model.fuse_projections(model.init_params(CFG, jax.random.key(4), scale=0.3), CFG)
+    params = model.init_params(CFG, jax.random.key(4), scale=0.3)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(4, CFG.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
     tokens, lengths = gen.pad_prompts(prompts, multiple=32)
@@ -163,10 +163,10 @@ def _setup():
 def test_model_step_logits_do_not_depend_on_the_steps_rows():
     """One 7-token forward (a vegas verification's shape at gamma 6) against seven one-token forwards from the
     same cache: the logits of every row, bit for bit, on the exact path (dense kernels, exact attention and
-    head) that `model.exact_supported` reports."""
+    head) that `layers.exact_supported` reports."""
     params, tokens, lengths = _setup()
-    assert model.exact_supported(params, CFG, EXACT)
-    assert not model.exact_supported(params, CFG, AttnImpl(backend="pallas", interpret=True))
+    assert layers.exact_supported(params, CFG, EXACT)
+    assert not layers.exact_supported(params, CFG, AttnImpl(backend="pallas", interpret=True))
     B = tokens.shape[0]
     _, cache = gen.prefill(params, CFG, tokens, lengths, kv_cache.init(CFG, batch=B, capacity=CAPACITY), impl=EXACT)
     step = jax.random.randint(jax.random.key(1), (B, 7), 4, CFG.vocab_size)

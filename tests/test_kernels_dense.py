@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec import kv_cache, model
+from jspec import kv_cache, layers, model
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig
 from pallas_kernels import dense as Dn
@@ -84,10 +84,10 @@ def test_model_dense_path_equals_xla():
     """model.forward with dense_rows on (Pallas, interpret on CPU): a one-token decode step and a 5-token step
     (with Collect-2-Query scores) give XLA's logits, scores and cache, at 16 / 80 rows and at 3 / 15 (padded)."""
     cfg = _tiny()
-    params = model.fuse_projections(model.init_params(cfg, jax.random.key(21), scale=0.3), cfg)
+    params = model.init_params(cfg, jax.random.key(21), scale=0.3)
     pal = AttnImpl(backend="pallas", interpret=INTERPRET, dense_rows=128)
     xla = AttnImpl(backend="xla")
-    assert model._dense_kernels(params, cfg, 16, pal) is not None
+    assert isinstance(layers.for_step(params, cfg, 16, 1, pal), layers.Fused)
     for B in (16, 3):   # 3: 3 and 15 rows, padded to 16 inside forward
         toks = jax.random.randint(jax.random.key(9), (B, 22), 0, cfg.vocab_size)
         res = {}
@@ -103,18 +103,18 @@ def test_model_dense_path_equals_xla():
 
 def test_model_dense_path_is_used_only_where_it_applies():
     cfg = _tiny()
-    stored = model.init_params(cfg, jax.random.key(0))
-    fused = model.fuse_projections(stored, cfg)
+    params = model.init_params(cfg, jax.random.key(0))
     on = AttnImpl(backend="pallas", interpret=True, dense_rows=64)
-    assert model._dense_kernels(fused, cfg, 64, on) is not None
-    assert model._dense_kernels(fused, cfg, 80, on) is None                      # more rows than dense_rows
-    assert model._dense_kernels(fused, cfg, 8, on) is not None                   # padded to 16 rows by forward
-    assert model._dense_kernels(stored, cfg, 64, on) is None                     # separate q/k/v weights
-    assert model._dense_kernels(fused, cfg, 64, AttnImpl(backend="pallas", interpret=True)) is None  # default off
-    assert model._dense_kernels(fused, cfg, 64, AttnImpl(backend="xla", dense_rows=64)) is None
+
+    def fused(params, cfg, B, T, impl):
+        return isinstance(layers.for_step(params, cfg, B, T, impl), layers.Fused)
+    assert fused(params, cfg, 16, 4, on)
+    assert not fused(params, cfg, 16, 5, on)                                    # more rows than dense_rows
+    assert fused(params, cfg, 8, 1, on)                                         # padded to 16 rows by forward
+    assert not fused(params, cfg, 64, 1, AttnImpl(backend="pallas", interpret=True))   # default off
+    assert not fused(params, cfg, 64, 1, AttnImpl(backend="xla", dense_rows=64))
     qwen2 = ModelConfig(**{**cfg.__dict__, "arch": "qwen2"})
-    assert model._dense_kernels(model.fuse_projections(model.init_params(qwen2, jax.random.key(0)), qwen2), qwen2,
-                                64, on) is None                                  # q/k/v biases
+    assert not fused(model.init_params(qwen2, jax.random.key(0)), qwen2, 64, 1, on)   # q/k/v biases
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3

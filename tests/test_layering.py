@@ -40,7 +40,7 @@ LAYERS = (
     ("speculative", ("jspec.speculative.*",)),
     # the target's forward and prefill; the LongSpec drafter block (a decoder layer) + store
     ("model", ("jspec.model", "jspec.prefill", "jspec.drafter.*")),
-    ("layers / attention", ("jspec.attention", "jspec.kv_cache", "jspec.sharding", "jspec.sampling",
+    ("layers / attention", ("jspec.layers", "jspec.attention", "jspec.kv_cache", "jspec.sharding", "jspec.sampling",
                             "jspec.selection", "jspec.dustin")),
     ("base", ("jspec.config", "jspec.errors", "jspec.data", "jspec.provenance", "jspec.checkpoints.*")),
     ("kernels", ("pallas_kernels.*",)),

@@ -7,7 +7,7 @@ import pytest
 
 from jspec import api
 from jspec import prefill as gen
-from jspec import kv_cache, model, speculative
+from jspec import kv_cache, layers, model, speculative
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.errors import InputError
 from jspec.speculative import SpecConfig
@@ -186,7 +186,8 @@ def test_collected_scores_match_bruteforce_attention_weights():
     """aux["scores"] (score_rows (0, 3) of a 4-token block after a 6-token prefix) equals, key by key, the
     softmax attention weights computed here from the layer's q and k, summed over heads and the two rows."""
     cfg = tiny("llama", n_layers=1)
-    params = _params(cfg, 19)
+    stored = model.init_params(cfg, jax.random.key(19), scale=0.3, stored=True)   # the brute force reads wq, wk
+    params = model.fuse_projections(stored, cfg)
     toks = jax.random.randint(jax.random.key(8), (1, 10), 0, cfg.vocab_size)
     cache = kv_cache.init(cfg, batch=1, capacity=16)
     _, cache, _ = model.forward(params, cfg, toks[:, :6], cache)
@@ -194,11 +195,11 @@ def test_collected_scores_match_bruteforce_attention_weights():
     s = np.asarray(aux["scores"][0, 0])                           # [S]
 
     # Brute force: q, k of all 10 positions, causal softmax per head, rows = query positions 6 and 9.
-    p = jax.tree.map(lambda w: w[0], params["layers"])
-    h = model.rms_norm(params["embed"][toks], p["attn_norm"], cfg.norm_eps)
+    p = jax.tree.map(lambda w: w[0], stored["layers"])
+    h = layers.rms_norm(stored["embed"][toks], p["attn_norm"], cfg.norm_eps)
     pos = jnp.arange(10, dtype=jnp.int32)[None]
-    q = np.asarray(model.rope(jnp.einsum("BTD,DNH->BTNH", h, p["wq"]), pos, cfg), np.float64)[0]   # [10, N, H]
-    k = np.asarray(model.rope(jnp.einsum("BTD,DKH->BTKH", h, p["wk"]), pos, cfg), np.float64)[0]   # [10, K, H]
+    q = np.asarray(layers.rope(jnp.einsum("BTD,DNH->BTNH", h, p["wq"]), pos, cfg), np.float64)[0]   # [10, N, H]
+    k = np.asarray(layers.rope(jnp.einsum("BTD,DKH->BTKH", h, p["wk"]), pos, cfg), np.float64)[0]   # [10, K, H]
     k = np.repeat(k, cfg.n_heads // cfg.n_kv_heads, axis=1)                                         # GQA: head n -> kv n // G
     want = np.zeros(16)
     for t in (6, 9):
@@ -310,22 +311,25 @@ def test_finished_rows_skip_their_cache_reads():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fused_projections_equal_separate_weights(arch):
-    """model.fuse_projections (the layout jspec.load hands out): the same logits and cache entries as the
-    stored layout, prefill and a one-token step, for every family (Qwen2's biases, Qwen3's q/k norms); GQA
-    heads keep their order (query head n reads KV head n // G)."""
+def test_runtime_layout_is_the_stored_weights_fused(arch):
+    """model.fuse_projections (the layout jspec.load and init_params hand out) holds the stored weights: per KV
+    head its G query heads in order (query head n = k*G + g reads KV head n // G), then k, then v; gate, up.
+    init_params gives the same values in either layout; forward refuses the stored one."""
     cfg = tiny(arch, n_heads=6, n_kv_heads=2)      # G = 3, as SmolLM2
-    params = _params(cfg)
-    fused = model.fuse_projections(params, cfg)
-    lp = fused["layers"]
+    stored = model.init_params(cfg, jax.random.key(0), scale=0.3, stored=True)
+    fused = model.fuse_projections(stored, cfg)
+    lp, sp = fused["layers"], stored["layers"]
     assert "wq" not in lp and "w_gate" not in lp and lp["wqkv"].shape == (2, 64, 2, 5, 16)
     assert lp["w_gu"].shape == (2, 64, 2, 96) and model.fuse_projections(fused, cfg) is fused   # idempotent
-    toks = jax.random.randint(jax.random.key(2), (2, 12), 0, cfg.vocab_size)
-    outs = []
-    for p in (params, fused):
-        cache = kv_cache.init(cfg, batch=2, capacity=16)
-        lg1, cache, _ = model.forward(p, cfg, toks[:, :11], cache)
-        lg2, cache, _ = model.forward(p, cfg, toks[:, 11:], cache)
-        outs.append((lg1, lg2, cache.k, cache.v))
-    for a, b in zip(*outs):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
+    for n in range(cfg.n_heads):
+        np.testing.assert_array_equal(lp["wqkv"][:, :, n // 3, n % 3], sp["wq"][:, :, n])
+    for kh in range(cfg.n_kv_heads):
+        np.testing.assert_array_equal(lp["wqkv"][:, :, kh, 3], sp["wk"][:, :, kh])
+        np.testing.assert_array_equal(lp["wqkv"][:, :, kh, 4], sp["wv"][:, :, kh])
+    np.testing.assert_array_equal(lp["w_gu"][:, :, 0], sp["w_gate"])
+    np.testing.assert_array_equal(lp["w_gu"][:, :, 1], sp["w_up"])
+    default = model.init_params(cfg, jax.random.key(0), scale=0.3)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), default, fused))
+    cache = kv_cache.init(cfg, batch=1, capacity=8)
+    with pytest.raises(InputError, match="fused weight layout"):
+        model.forward(stored, cfg, jnp.zeros((1, 2), jnp.int32), cache)

@@ -32,7 +32,9 @@ SMOL_F32_ARGMAX = 0.99
 SMOL_BF16_ARGMAX = 0.97
 GREEDY_TIE = 2e-2          # a greedy step whose HF top1 - top2 margin is below this may go either way
 
-_forward = jax.jit(model.forward, static_argnums=(1,))
+# The checkpoint readers return the stored layout; forward runs the fused one (as jspec.load hands out).
+_forward = jax.jit(lambda params, cfg, tokens, cache: model.forward(model.fuse_projections(params, cfg), cfg, tokens,
+                                                                    cache), static_argnums=(1,))
 
 
 def _cast(params, dtype):

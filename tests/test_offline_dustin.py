@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jspec
-from conftest import random_params, tiny_config
+from conftest import random_params, runtime_params, tiny_config
 from jspec import cli, kv_cache, model
 from jspec.dustin import read_profile
 from jspec.errors import InputError
@@ -21,7 +21,7 @@ NEEDLE = 3
 
 def tiny(seed=0, **overrides):
     cfg = tiny_config("llama", **overrides)
-    return jspec.Model(params=jax.tree.map(jnp.asarray, random_params(cfg, seed)), cfg=cfg, tokenizer=None,
+    return jspec.Model(params=runtime_params(cfg, seed), cfg=cfg, tokenizer=None,
                        path="tiny")
 
 
@@ -42,7 +42,8 @@ def needle_model(head=1):
     lp["wk"][0, :, head // cfg.group, :] = 0.0
     lp["wk"][0, :, head // cfg.group, slow] = 12.0 * h / (h @ h)                   # needle key: 12 on that dim
     lp["bk"][:] = 0.0
-    m = jspec.Model(params=jax.tree.map(jnp.asarray, p), cfg=cfg, tokenizer=None, path="needle")
+    m = jspec.Model(params=model.fuse_projections(jax.tree.map(jnp.asarray, p), cfg), cfg=cfg, tokenizer=None,
+                    path="needle")
     return m
 
 

@@ -2,7 +2,6 @@
 import json
 import os
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,18 +11,14 @@ from jspec.errors import InputError
 from jspec.offline.training_text import tokenize
 from jspec.offline.selfgen import self_generate
 
-from conftest import CharTokenizer, random_params, tiny_config
+from conftest import CharTokenizer, runtime_params, tiny_config
 
 
 @pytest.fixture(scope="module")
 def tiny():
     cfg = tiny_config("llama")
-    params = jax_tree(random_params(cfg, seed=3))
+    params = runtime_params(cfg, seed=3)
     return jspec.Model(params=params, cfg=cfg, tokenizer=CharTokenizer(), path="tiny")
-
-
-def jax_tree(p):
-    return {k: (jax_tree(v) if isinstance(v, dict) else jnp.asarray(v)) for k, v in p.items()}
 
 
 @pytest.fixture

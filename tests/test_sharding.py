@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sharding_worker.py")
@@ -43,15 +44,32 @@ def test_param_shardings_as_asked(report):
     want = {
         "['embed']": "()", "['final_norm']": "()", "['lm_head']": "(None, 'tp')",
         "['layers']['attn_norm']": "()", "['layers']['mlp_norm']": "()",
-        "['layers']['wq']": "(None, None, 'tp')", "['layers']['wk']": "(None, None, 'tp')",
-        "['layers']['wv']": "(None, None, 'tp')", "['layers']['wo']": "(None, 'tp')",
+        "['layers']['wqkv']": "(None, None, 'tp')", "['layers']['wo']": "(None, 'tp')",
         "['layers']['bq']": "(None, 'tp')", "['layers']['bk']": "(None, 'tp')", "['layers']['bv']": "(None, 'tp')",
-        "['layers']['w_gate']": "(None, None, 'tp')", "['layers']['w_up']": "(None, None, 'tp')",
+        "['layers']['w_gu']": "(None, None, None, 'tp')",
         "['layers']['w_down']": "(None, 'tp')",
     }
     assert set(got) == set(want)
     for path, (actual, asked, equivalent) in got.items():
         assert actual == asked == want[path] and equivalent, (path, actual, asked)
+
+
+def test_param_specs_of_both_layouts():
+    """The fused runtime layout by default (init_params, jspec.load); `stored=True` the checkpoint layout, whose
+    separate projections shard on the same heads / F axis."""
+    from jax.sharding import PartitionSpec as P
+
+    from jspec import model, sharding
+    from jspec.config import ModelConfig
+    cfg = ModelConfig(arch="qwen2", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                      ffn_dim=96, rope_theta=10000.0, dtype="float32", max_position=256)
+    for stored in (False, True):
+        specs = sharding.param_specs(cfg, "tp", 2, stored=stored)
+        shapes = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0), stored=stored))
+        assert jax.tree.structure(specs, is_leaf=lambda x: isinstance(x, P)) == jax.tree.structure(shapes)
+    fused, stored = (sharding.param_specs(cfg, "tp", 2, stored=s)["layers"] for s in (False, True))
+    assert fused["wqkv"] == P(None, None, "tp", None, None) and fused["w_gu"] == P(None, None, None, "tp")
+    assert stored["wq"] == stored["wk"] == P(None, None, "tp", None) and stored["w_up"] == P(None, None, "tp")
 
 
 def test_cache_sharding_survives_prefill_and_decode(report):

@@ -23,7 +23,7 @@ from scipy import stats
 import jspec
 from conftest import CharTokenizer, damped, spy_attention_reads
 from jspec import prefill as gen
-from jspec import kv_cache, model, sampling, speculative
+from jspec import kv_cache, layers, model, sampling, speculative
 from jspec.attention import AttnImpl
 from jspec.config import ModelConfig, RopeScaling, SamplingConfig
 from jspec.speculative import SpecConfig
@@ -381,12 +381,12 @@ def test_dense_kernels_inside_the_speculative_loop():
     plain greedy decoding's under the same impl and the XLA path's."""
     cfg = ModelConfig(arch="llama", vocab_size=96, d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=64,
                       ffn_dim=96, dtype="float32", max_position=256, eos_token_ids=(3,))
-    params = model.fuse_projections(model.init_params(cfg, jax.random.key(4), scale=0.3), cfg)
+    params = model.init_params(cfg, jax.random.key(4), scale=0.3)
     B, P, new = 16, 20, 6
     tokens = jax.random.randint(jax.random.key(5), (B, P), 4, cfg.vocab_size)
     lengths = jnp.full((B,), P, jnp.int32)
     impl = AttnImpl(backend="pallas", interpret=True, dense_rows=B * 3)
-    assert model._dense_kernels(params, cfg, B * 3, impl) is not None
+    assert isinstance(layers.for_step(params, cfg, B, 3, impl), layers.Fused)
     spec = SpecConfig("vegas", gamma=2, budget=8, min_tokens=8)
     cap = 40
     out = {}

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jspec.config import ModelConfig
-from jspec.model import rms_norm, rope
+from jspec.layers import rms_norm, rope
 
 DEFAULT_WINDOW = 512
 
