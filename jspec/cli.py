@@ -325,9 +325,9 @@ def main(argv=None):
                         "default min(4, slots // 4), at least 1)")
     gs.add_argument("--exact", action="store_true",
                    help="bf16 exact mode (GPU): every decode and verification step rounds each row as a one-token "
-                        "step would (row-independent Pallas GEMMs, attention on the one-token step's tiles), so "
-                        "greedy tokens of any method, lookup and longspec trees included, equal `--exact` ar's "
-                        "bit for bit; slower. Llama-style layers of width <= 2048 only (docs/methods.md)")
+                        "step would (row-independent Pallas GEMMs, attention on the one-token step's tiles), so that "
+                        "greedy tokens of any method equal `--exact` ar's bit for bit (shown on the CPU, not yet "
+                        "on a GPU); slower. Llama-style layers of width <= 2048 only (docs/methods.md)")
 
 
     ga = g.add_argument_group("ablations and implementation settings (only in --help-all)")
