@@ -39,13 +39,15 @@ class AttnImpl:
     the target runs for keeps (an `ar` step, a chain or tree verification) rounds each of its rows exactly as
     a one-token step at that row's position would: the dense part runs on the fused kernels of
     pallas_kernels/dense.py (fixed tiles), attention on `flash_scores(exact=True)` / `tree_attention(exact=True)`
-    (the one-token step's key tiles, MMA tile, split-K plan and split merge; a tree node sees its ancestors
+    (the one-token step's key tiles and MMA tile, split-K over fixed key ranges whatever the cache's capacity,
+    a fixed split merge; a tree node sees its ancestors
     in the columns that one-token step has them in). The aim: a speculative method's greedy output equals
     `ar`'s (run with the same impl) bit for bit, whatever gamma, lookup tokens or tree shape; shown on the CPU
     in interpret mode, not yet on a GPU (docs/methods.md, "Lossless"). Draft steps keep the default path (`for_drafts`): their rounding only changes what is proposed.
     Needs the Pallas kernels (a GPU, or interpret=True) and a model the dense kernels tile (Llama-style
     layers, no q/k/v bias or q/k norm, contraction <= 2048: `layers.exact_supported`); elsewhere the steps
-    fall back to the default path and are not exact. The final norm and LM head stay XLA's (f32 logits).
+    fall back to the default path and are not exact. The final norm and LM head run on the dense kernel too
+    (f32 logits) where it tiles the head (`layers.exact_supported` requires it).
     """
 
     backend: Optional[str] = None

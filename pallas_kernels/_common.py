@@ -327,6 +327,21 @@ def store_sub_blocks(carry, o_ref, lse_ref):
 # ----------------------------------------------------------------------------------------------
 # Exact mode: a schedule whose rounding of a query row does not depend on the step's other rows.
 
+# Exact mode's split-K: a fixed number of key blocks per split. The auto plan (`split_plan`) sizes splits by
+# the cache's capacity and the batch, and `ar` and a speculative method size their caches differently (the
+# method's capacity margin: 8192 slots against 8320 at L=7936 + 256 new tokens), which moved the split
+# boundaries and with them the rounding of every row. With fixed ranges a row's partials cover the same keys
+# whatever the capacity or batch; splits a row does not reach add exact zeros in the merge. 8 blocks (1024 keys
+# at SmolLM2's 128-key tile) fill about one wave at B=16, L=8K; at B=64 the extra partials are ~3% of the KV read.
+EXACT_SPLIT_BLOCKS = 8
+
+
+def exact_split_plan(num_blocks: int) -> tuple[int, int]:
+    """(splits, blocks_per_split) of exact mode: EXACT_SPLIT_BLOCKS key blocks per split, whatever the launch
+    (BlockSizes.num_splits is not read: a count of splits would move the boundaries with the capacity)."""
+    return cdiv(num_blocks, EXACT_SPLIT_BLOCKS), EXACT_SPLIT_BLOCKS
+
+
 def exact_sub_rows(groups: int) -> int:
     """Rows of exact mode's MMA tile: the one-token step's own tile, `row_block(G)` (16 up to G = 16)."""
     return row_block(groups, 64)

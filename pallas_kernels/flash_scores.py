@@ -75,8 +75,9 @@ def exact_block_sizes(rows: int, groups: int, head_dim: int, dtype,
     """Exact mode's schedule for a step of `rows` packed rows: (block sizes, sub-block rows).
 
     Everything that decides how a row is rounded is the one-token step's and depends on G, H and the dtype
-    only: the key tile, warps, stages and split count of `base` (default the T=1 `default_block_sizes(G)`),
-    the MMA tile of `C.exact_sub_rows(G)` rows and (in `flash_partials`) the split-K plan. A longer step only
+    only: the key tile, warps and stages of `base` (default the T=1 `default_block_sizes(G)`), the MMA tile
+    of `C.exact_sub_rows(G)` rows and (in `flash_partials`) the split-K plan of fixed key ranges
+    (`C.exact_split_plan`: not the capacity's or the batch's, and not base.num_splits). A longer step only
     gets more sub-blocks, up to base.block_m rows per program (64 by default: one K/V read for all of them),
     then more programs.
     """
@@ -187,8 +188,8 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     """Launches the kernel on packed queries qp [B,K,Mp,H] (Mp a multiple of block_m) against k, v
     [B,S,K,H] (or the stacked [L,B,S,K,H] cache and a `layer` index, traced or not).
 
-    sub > 0 (exact mode, `exact_block_sizes`): MMA tiles of `sub` rows, and the split-K plan of a launch
-    with one row block (the one-token step's), whatever the number of row blocks.
+    sub > 0 (exact mode, `exact_block_sizes`): MMA tiles of `sub` rows, and exact mode's split-K plan (fixed
+    key ranges, `_common.exact_split_plan`), whatever the number of row blocks, the batch or the capacity.
 
     Returns o [P,B,K,Mp,H] (out_dtype, each split normalised over its own keys), lse [P,B,K,Mp] and,
     with score_mode, the raw score-row logits [B,K,Rp,S] ("weights"; `logit_dtype(qp.dtype)`) or their row
@@ -202,8 +203,11 @@ def flash_partials(qp, k, v, kv_len, *, T, G, causal, sm_scale, block_sizes, int
     if block_k < 16:
         raise NotImplementedError(f"{S=} must be >= 16")
     n_m = Mp // block_m
-    splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K * (1 if sub else n_m), bs.num_splits,
-                                     resident=C.resident_programs(bs, block_k, H, k.dtype))
+    if sub:
+        splits, per_split = C.exact_split_plan(C.cdiv(S, block_k))
+    else:
+        splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K * n_m, bs.num_splits,
+                                         resident=C.resident_programs(bs, block_k, H, k.dtype))
     if splits > 1:
         out_dtype = jnp.float32  # partials are combined in f32
     kernel = functools.partial(

@@ -192,8 +192,7 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
     qp = q.reshape(B, n, K, G, H).transpose(0, 2, 1, 3, 4)
     qp = jnp.pad(qp, ((0, 0), (0, 0), (0, nP - n), (0, 0), (0, 0))).reshape(B, K, nP // npb, npb * G, H)
     qp = jnp.pad(qp, ((0, 0), (0, 0), (0, 0), (0, sub - npb * G), (0, 0))).reshape(B, K, n_m * block_m, H)
-    splits, per_split = C.split_plan(C.cdiv(S, block_k), B * K, bs.num_splits,
-                                     resident=C.resident_programs(bs, block_k, H, k.dtype))
+    splits, per_split = C.exact_split_plan(C.cdiv(S, block_k))
     out_dtype = jnp.float32 if splits > 1 else q.dtype
     kernel = functools.partial(_exact_tree_kernel, G=G, n=n, npb=npb, n_sub=n_sub, sm_scale=sm_scale,
                                block_k=block_k, per_split=per_split)

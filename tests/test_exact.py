@@ -93,6 +93,30 @@ def test_flash_rows_with_score_rows_and_default_tiles():
     assert len(_flash_rows(7, 2, 8, 6, 2, 300, None, exact=False)) >= 4
 
 
+def _capacity_rows(seed, B, T, N, K, S, S2, bs, exact):
+    """Rows (b, t) of a T-row step over a cache of S slots that differ from the same step over S2 slots (the
+    same keys, lengths and queries) or from the same row launched alone (batch 1): `ar` and a speculative
+    method size their caches differently (the method's capacity margin), and a served batch's rows change."""
+    q, k, v = random_qkv(seed, B, T, N, K, 64, S2, BF16)
+    kv_len = np.random.default_rng(seed).integers(T + 20, S + 1, size=B)
+    kv_len[0] = S
+    k, v = poison_after(k, v, kv_len, np.nan)
+    kv_len = jnp.asarray(kv_len, jnp.int32)
+    small = _flash(q, k[:, :S], v[:, :S], kv_len, exact=exact, bs=bs)
+    large = _flash(q, k, v, kv_len, exact=exact, bs=bs)
+    alone = jnp.concatenate([_flash(q[b:b + 1], k[b:b + 1], v[b:b + 1], kv_len[b:b + 1], exact=exact, bs=bs)
+                             for b in range(B)])
+    return sorted(set(_rows_differing(small, large)) | set(_rows_differing(large, alone)))
+
+
+def test_flash_rows_do_not_depend_on_the_capacity_or_the_batch():
+    """160 against 256 slots of 16-key tiles: the auto split-K plan cuts them into 2 and 4 splits (other key
+    ranges per split, the negative control); exact mode's fixed ranges give the same bits, also for a row
+    launched alone."""
+    assert _capacity_rows(11, 3, 5, 6, 2, 160, 256, SMALL, exact=True) == []
+    assert len(_capacity_rows(11, 3, 5, 6, 2, 160, 256, SMALL, exact=False)) >= 4
+
+
 def _path_cache(k, v, base, mask, t):
     """k, v with node t's ancestors (root first) copied to slots base .. base + depth(t): the cache a one-token
     step at t's position sees once the path is accepted and compacted."""
@@ -105,7 +129,7 @@ def _path_cache(k, v, base, mask, t):
     return jnp.asarray(k), jnp.asarray(v), jnp.asarray(base + depth[:, t] + 1, jnp.int32)
 
 
-def _tree_rows(seed, B, n, N, K, S, bs, exact, chain=0):
+def _tree_rows(seed, B, n, N, K, S, bs, exact, chain=0, one_token_slots=None):
     rng = np.random.default_rng(seed)
     q, k, v = random_qkv(seed, B, n + chain, N, K, 64, S, BF16)
     mask = random_tree_mask(rng, B, n)
@@ -118,7 +142,9 @@ def _tree_rows(seed, B, n, N, K, S, bs, exact, chain=0):
     base[0] = S - n
     k, v = poison_after(k, v, base + n, np.nan)
     out = _tree(q, k, v, jnp.asarray(base, jnp.int32), jnp.asarray(mask), exact=exact, bs=bs)
-    one = jnp.concatenate([_flash(q[:, t:t + 1], *_path_cache(k, v, base, mask, t), exact=True, bs=bs)
+    pad = ((0, 0), (0, (one_token_slots or S) - S), (0, 0), (0, 0))   # the one-token steps' cache: another capacity
+    one = jnp.concatenate([_flash(q[:, t:t + 1], *(jnp.pad(x, pad) if x.ndim == 4 else x
+                                                    for x in _path_cache(k, v, base, mask, t)), exact=True, bs=bs)
                            for t in range(n)], axis=1)
     return _rows_differing(out, one)
 
@@ -134,6 +160,12 @@ TREE_CASES = [
 @pytest.mark.parametrize("B,n,N,K,S,bs,chain", TREE_CASES)
 def test_tree_nodes_round_as_one_token_steps(B, n, N, K, S, bs, chain):
     assert _tree_rows(200 + n, B, n, N, K, S, bs, exact=True, chain=chain) == []
+
+
+def test_tree_nodes_round_as_one_token_steps_over_another_capacity():
+    """LongSpec's cache (its tree margin) against ar's: 128 slots of 16-key tiles for the tree, 176 for the
+    one-token steps."""
+    assert _tree_rows(213, 2, 9, 6, 2, 128, SMALL, exact=True, one_token_slots=176) == []
 
 
 def test_default_tree_attention_rounds_otherwise():
