@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # `jspec bench` on a lent GPU machine (no .git, no network, the model staged by hand). From the repo root:
-#   bash bench/gpu.sh stage1   (carry .gpu/a1 .carry/heldout)   \  three back-to-back calls: the 98 MB GGUF
-#   bash bench/gpu.sh stage2   (carry .gpu/a2)                  |  travels in parts under the 64 MiB carry
-#   JSPEC_COMMIT=... bash bench/gpu.sh stage3 MODE... (carry .gpu/b .whl)  /  limit (see below for the parts)
-#   JSPEC_COMMIT=... bash bench/gpu.sh MODE...                  later calls while the machine is warm
+#   bash bench/gpu.sh stage1           (carry .gpu/z1 .carry/heldout .whl)  \  two back-to-back calls: the gzipped
+#   JSPEC_COMMIT=... bash bench/gpu.sh stage2 MODE...  (carry .gpu/z2)     /  98 MB GGUF travels in halves under
+#   JSPEC_COMMIT=... bash bench/gpu.sh MODE...   later calls while warm       the 64 MiB carry limit (parts below)
 # JSPEC_COMMIT is `python -m jspec.provenance` run here on a clean checkout: results are refused without it.
-# Parts: `bash ../shared/gpu/prepare_smollm2.sh`, then split .gpu/a/model.part.aa into 25 MB halves
-# .gpu/a1/model.part.aa0 and .gpu/a2/model.part.aa1; .carry/heldout holds prose the bundled drafter never
-# saw in training (austen_emma.txt, austen_sensesensibility.txt).
+# Parts: `bash ../shared/gpu/prepare_smollm2.sh`, then `cat .gpu/a/* .gpu/b/* | gzip -9 | split -b 46400000 -
+# /tmp/mz.` and move /tmp/mz.aa to .gpu/z1/model.gz.aa, /tmp/mz.ab to .gpu/z2/model.gz.ab; .carry/heldout holds
+# prose the bundled drafter never saw in training (austen_emma.txt, austen_sensesensibility.txt).
 # Modes (each writes $OUT/bench_<mode>_${SUF}.json + .png + _log.txt):
 #   b64 / b16 / b1   the headline grid at L=7936 (+ 256 new = 8192 positions) for one batch size: ar, streaming, vegas (pages of 8),
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
@@ -52,10 +51,10 @@ tool() {  # tool NAME TIMEOUT SUBCOMMAND ARGS...: a jspec offline tool, its log 
 }
 for mode in "$@"; do
   case "$mode" in
-    stage1) mkdir -p $C/corpus && cp .gpu/a1/* $C/ && cp .carry/heldout/*.txt $C/corpus/ ;;
-    stage2) cp .gpu/a2/* $C/ ;;
-    stage3) cp .gpu/b/* $C/ && cat $C/model.part.* > $C/smollm2-135m.gguf && rm $C/model.part.* &&
+    stage1) mkdir -p $C/corpus && cp .gpu/z1/* $C/ && cp .carry/heldout/*.txt $C/corpus/ &&
             python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl ;;
+    stage2) cp .gpu/z2/* $C/ && cat $C/model.gz.* | gunzip > $C/smollm2-135m.gguf && rm $C/model.gz.* &&
+            echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $C/smollm2-135m.gguf" | sha256sum -c - ;;
     b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 7936 --batches "${mode#b}" \
                   --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
