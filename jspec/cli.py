@@ -326,8 +326,8 @@ def main(argv=None):
     gs.add_argument("--exact", action="store_true",
                    help="bf16 exact mode (GPU): every decode and verification step rounds each row as a one-token "
                         "step would (row-independent Pallas GEMMs, attention on the one-token step's tiles), so that "
-                        "greedy tokens of any method equal `--exact` ar's bit for bit (shown on the CPU, not yet "
-                        "on a GPU); slower. Llama-style layers of width <= 2048 only (docs/methods.md)")
+                        "greedy tokens of any method equal `--exact` ar's bit for bit (checked on the CPU and on an "
+                        "H100); slower (docs/methods.md says by how much). Llama-style layers of width <= 2048 only")
 
 
     ga = g.add_argument_group("ablations and implementation settings (only in --help-all)")
