@@ -6,7 +6,8 @@ step carries one row or many, so every lossless method's greedy output equals `a
   more rows than one program holds); `tree_attention(exact=True)` gives every node what a one-token step gives
   over a cache holding its ancestors at the slots that follow the prefix (random trees, a root chain as lookup
   tokens add, trees across key tiles and splits). Negative controls: the default kernels do not;
-- the model: a T-token step's logits equal T one-token steps' logits, bit for bit;
+- the model: a T-token step's logits equal T one-token steps' logits, bit for bit, also over caches of another
+  capacity (ar's and a method's differ by the method's margin);
 - end to end: greedy bf16 output of vegas (gamma 6 with lookup tokens), streaming and quest (gamma 6) and
   LongSpec (a tree plus a lookup chain, tiny random drafter) equals `ar`'s token for token, both in exact mode.
   The same test with the earlier exact mode (`dense_rows` alone: row-independent GEMMs, default attention
@@ -241,3 +242,30 @@ def test_greedy_bf16_output_equals_ar_in_exact_mode(name):
     np.testing.assert_array_equal(np.asarray(out), _ar(), err_msg=name)
     hist = np.asarray(stats.accept_hist).sum(0)
     assert hist[0] < hist.sum()      # some drafts accepted: verification blocks of several rows did decide tokens
+
+
+def test_model_step_logits_do_not_depend_on_the_capacity():
+    """`ar` and a method size their caches differently (the method's margin): a one-token step over 1,408 slots
+    (11 key tiles of 128) and over 1,536 (12), and a 7-token step over 1,536, from the same prefill, give the same
+    logits bit for bit (the capacity-sized split plan of the earlier exact mode cut 11 and 12 tiles into 2 and 3
+    splits: other key ranges, other rounding)."""
+    params, _, _ = _setup()
+    B, S1, S2 = 2, 1408, 1536
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(4, CFG.vocab_size, n).tolist() for n in (1390, 1301)]
+    tokens, lengths = gen.pad_prompts(prompts, multiple=32)
+    _, big = gen.prefill(params, CFG, jnp.asarray(tokens), jnp.asarray(lengths),
+                         kv_cache.init(CFG, batch=B, capacity=S2), impl=EXACT)
+    small = kv_cache.KVCache(k=big.k[:, :, :S1], v=big.v[:, :, :S1], lengths=big.lengths)
+    step = jnp.asarray(rng.integers(4, CFG.vocab_size, (B, 7)), jnp.int32)
+    step_fn = jax.jit(lambda toks, c: model.forward(params, CFG, toks, c, impl=EXACT)[:2])
+    full, _ = step_fn(step, big)
+    ones = {}
+    for name, c in (("small", small), ("big", big)):
+        out = []
+        for t in range(7):
+            logits, c = step_fn(step[:, t:t + 1], c)
+            out.append(logits)
+        ones[name] = np.asarray(jnp.concatenate(out, axis=1))
+    np.testing.assert_array_equal(ones["small"], ones["big"])
+    np.testing.assert_array_equal(np.asarray(full), ones["small"])
