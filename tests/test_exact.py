@@ -16,7 +16,8 @@ step carries one row or many, so every lossless method's greedy output equals `a
 What CPU runs can and cannot see: interpret mode executes the kernels' tile loops, masks, split-K and merges as
 written, so a schedule that depends on the step's rows (other key tiles, another split plan, an LSE merge of a
 tree) shows here. How the GPU's MMA units and Triton's layouts round a fixed tile shape does not: exact mode keeps
-every tile shape, warp count and reduction of a row the one-token step's, and the H200 check is the lead's.
+every tile shape, warp count and reduction of a row the one-token step's; the GPU check is `jspec bench --exact`
+(bench/results/exact64_h100.json).
 """
 import functools
 import importlib
