@@ -332,7 +332,8 @@ def store_sub_blocks(carry, o_ref, lse_ref):
 # method's capacity margin: 8192 slots against 8320 at L=7936 + 256 new tokens), which moved the split
 # boundaries and with them the rounding of every row. With fixed ranges a row's partials cover the same keys
 # whatever the capacity or batch; splits a row does not reach add exact zeros in the merge. 8 blocks (1024 keys
-# at SmolLM2's 128-key tile) fill about one wave at B=16, L=8K; at B=64 the extra partials are ~3% of the KV read.
+# at SmolLM2's 128-key tile) fill about one wave at B=16, L=8K; at B=64 the extra partials are, by estimate, ~3% of
+# the KV read (not timed apart: docs/performance.md).
 EXACT_SPLIT_BLOCKS = 8
 
 

@@ -145,9 +145,12 @@ def _tree_rows(seed, B, n, N, K, S, bs, exact, chain=0, one_token_slots=None):
     k, v = poison_after(k, v, base + n, np.nan)
     out = _tree(q, k, v, jnp.asarray(base, jnp.int32), jnp.asarray(mask), exact=exact, bs=bs)
     pad = ((0, 0), (0, (one_token_slots or S) - S), (0, 0), (0, 0))   # the one-token steps' cache: another capacity
-    one = jnp.concatenate([_flash(q[:, t:t + 1], *(jnp.pad(x, pad) if x.ndim == 4 else x
-                                                    for x in _path_cache(k, v, base, mask, t)), exact=True, bs=bs)
-                           for t in range(n)], axis=1)
+
+    def one_token(t):
+        kt, vt, kv_len = _path_cache(k, v, base, mask, t)
+        return _flash(q[:, t:t + 1], jnp.pad(kt, pad), jnp.pad(vt, pad), kv_len, exact=True, bs=bs)
+
+    one = jnp.concatenate([one_token(t) for t in range(n)], axis=1)
     return _rows_differing(out, one)
 
 
