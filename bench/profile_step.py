@@ -1,7 +1,8 @@
-"""How many kernels does each kind of forward step launch, of what kind, and where does its time go? (issue 31)
+"""How many kernels does each kind of forward step launch, of what kind, and where does its time go? (issue 31;
+with --exact, where bf16 exact mode's cost goes against a run without it: issue 29)
 
     PYTHONPATH=. python bench/profile_step.py --out $OUT/profile_step_h200.json [--texts DIR] [--L 7936]
-        [--batches 64,16,1] [--kinds plain_step,draft_step,...] [--dense-rows N] [--quick]
+        [--batches 64,16,1] [--kinds plain_step,draft_step,...] [--dense-rows N] [--exact] [--quick]
     PYTHONPATH=. python bench/profile_step.py --tiny --out /tmp/profile_step_cpu.json   # CPU plumbing check
 
 At context L (ragged long-task prompts as `jspec bench` makes them, from --texts or the standard library) and
@@ -366,8 +367,8 @@ def profile_kind(run: "Runner", kind: str, spec, *, trace_calls: int, reps: int,
 
 
 def profile(*, out: str, model_name: str = "smollm2-135m", tiny: bool = False, L: int = 7936,
-            batches=(64, 16, 1), kinds=KINDS, texts=None, gamma: int = 4, dense_rows: int = 0, reps: int = 7,
-            trace_calls: int = 4, top: int = 25, jobs: int = 0, time_budget_s: float = 240.0) -> dict:
+            batches=(64, 16, 1), kinds=KINDS, texts=None, gamma: int = 4, dense_rows: int = 0, exact: bool = False,
+            reps: int = 7, trace_calls: int = 4, top: int = 25, jobs: int = 0, time_budget_s: float = 240.0) -> dict:
     """Profile every step kind at every batch size (trace_calls=0: no profiler trace; a CPU has no device
     kernels to trace anyway). Writes `out` (bench.common.write_json, with provenance) after each batch size and
     returns its {"records": [...], "summary": {...}}."""
@@ -385,10 +386,10 @@ def profile(*, out: str, model_name: str = "smollm2-135m", tiny: bool = False, L
              f"B={list(batches)}: prompts ready")
     margin = max(s.capacity_margin() for s in list(S.specs.values()) + [S.longspec_spec(B) for B in batches])
     cap = -(-(max(len(t) for t in S.prompts) + margin + 16) // 128) * 128
-    compiled, errors = compile_all(S, batches, cap, kinds, AttnImpl(dense_rows=dense_rows), jobs, t0)
+    compiled, errors = compile_all(S, batches, cap, kinds, AttnImpl(dense_rows=dense_rows, exact=exact), jobs, t0)
     records, summary = [], {}
     settings = dict(model="tiny" if tiny else model_name, L=L, batches=list(batches), kinds=list(kinds), gamma=gamma,
-                    dense_rows=dense_rows, reps=reps, trace_calls=trace_calls, capacity=cap,
+                    dense_rows=dense_rows, exact=exact, reps=reps, trace_calls=trace_calls, capacity=cap,
                     specs={k: v.describe() for k, v in S.specs.items()}, compile_errors=errors)
     for B in batches:
         mine = {k.split("/", 1)[1]: v for k, v in compiled.items() if k.startswith(f"{B}/")}
@@ -471,6 +472,8 @@ def main(argv=None):
     ap.add_argument("--texts", default=None, help="text folder for the prompts (as jspec bench --texts)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--dense-rows", type=int, default=0, help="AttnImpl(dense_rows=N): the fused dense launches")
+    ap.add_argument("--exact", action="store_true",
+                    help="AttnImpl(exact=True): bf16 exact mode (its target steps; drafts keep the default path)")
     ap.add_argument("--reps", type=int, default=7, help="timed samples per step kind")
     ap.add_argument("--trace-calls", type=int, default=4, help="calls in each step kind's profiler trace")
     ap.add_argument("--no-trace", action="store_true")
@@ -485,7 +488,7 @@ def main(argv=None):
         batches, a.reps, a.trace_calls = batches[:1], 3, 2
     profile(out=a.out, model_name=a.model, tiny=a.tiny, L=a.L or (192 if a.tiny else 7936), batches=batches,
             kinds=[k for k in a.kinds.split(",") if k], texts=a.texts, gamma=a.gamma, dense_rows=a.dense_rows,
-            reps=a.reps, trace_calls=0 if a.no_trace else a.trace_calls, top=a.top, jobs=a.jobs,
+            exact=a.exact, reps=a.reps, trace_calls=0 if a.no_trace else a.trace_calls, top=a.top, jobs=a.jobs,
             time_budget_s=a.time_budget)
 
 
