@@ -13,7 +13,8 @@
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=$LENGTHS (7936), B=64
 #   exact64 / exact16  bf16 exact mode (`--exact --exact-cost`) at L=7936 for one batch size: every lossless
-#                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}_${SUF}.json
+#                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}${TAG}_${SUF}.json
+#                    (TAG, also read by exactprof: a suffix that keeps a rerun's files apart from earlier ones)
 #   heads            Dustin: `jspec profile-heads` at L=8000, budget 512, for the self drafter (vegas reads) and the
 #                    LongSpec drafter -> $OUT/dustin_heads_{self,longspec}_${SUF}.json + .png; also kept in $C for
 #                    later `dustin64` / `fidelity` calls on the warm machine
@@ -24,7 +25,7 @@
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_${SUF}.json
 #   exactprof        where exact mode's cost goes: bench/profile_step.py (ar's step, vegas' verification, LongSpec's
 #                    tree verification; B=$EP_BATCHES, default 64,16) in the default mode, with the fused dense
-#                    kernels alone (--dense-rows) and in exact mode -> $OUT/profile_exact_{default,dense,exact}_${SUF}.json
+#                    kernels alone (--dense-rows) and in exact mode (EP narrows: EP=exact) -> $OUT/profile_exact_{default,dense,exact}_${SUF}.json
 #   beforeafter       issue 28's before/after in one call: the same `jspec bench` (ar and the best lossless methods,
 #                    L=7936, B=16 and 64) from the tree of commit $BEFORE (carry .before: `git archive $BEFORE jspec
 #                    pallas_kernels checkpoints pyproject.toml`; BEFORE_COMMIT=<sha>:<its source hash>), then from
@@ -62,9 +63,9 @@ for mode in "$@"; do
     b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 7936 --batches "${mode#b}" \
                   --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
-    exact64|exact16) timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus --out "$OUT/${mode}_${SUF}.json" \
+    exact64|exact16) timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus --out "$OUT/${mode}${TAG:-}_${SUF}.json" \
                   --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 --batches "${mode#exact}" 2>&1 \
-                  | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}_${SUF}_log.txt" | tail -25 ;;
+                  | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}${TAG:-}_${SUF}_log.txt" | tail -25 ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths "${LENGTHS:-7936}" --batches 64 ;;
     heads) for d in self longspec; do
@@ -77,12 +78,12 @@ for mode in "$@"; do
              --out "$OUT/kernels_verify_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/kernels_verify_${SUF}_log.txt" | tail -25 ;;
     profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
                --out "$OUT/profile_step_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/profile_step_${SUF}_log.txt" | tail -25 ;;
-    exactprof) for v in default dense exact; do
+    exactprof) for v in ${EP:-default dense exact}; do
                  flag=$([ $v = dense ] && echo --dense-rows 100000; [ $v = exact ] && echo --exact)
                  timeout "${T_RUN:-170}" python3 bench/profile_step.py --texts $C/corpus $flag --batches "${EP_BATCHES:-64,16}" \
                    --kinds plain_step,vegas_verify,longspec_verify --reps 5 --trace-calls 3 --time-budget 150 \
-                   --out "$OUT/profile_exact_${v}_${SUF}.json" 2>&1 | grep -v Warning \
-                   | tee "$OUT/profile_exact_${v}_${SUF}_log.txt" | grep "^B=" ; done ;;
+                   --out "$OUT/profile_exact_${v}${TAG:-}_${SUF}.json" 2>&1 | grep -v Warning \
+                   | tee "$OUT/profile_exact_${v}${TAG:-}_${SUF}_log.txt" | grep "^B=" ; done ;;
     beforeafter) BA="${BA:-ar,vegas,vegas:select_page=8,vegas+lookup8:select_page=8,longspec,longspec+lookup8}"
               export XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
               for side in ${BA_ORDER:-before after}; do   # BA_ORDER="after before": this tree first

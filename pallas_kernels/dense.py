@@ -21,8 +21,8 @@ taken over the pieces first.
 
 In whole generation loops no launch config measured beats cuBLAS + XLA's fusions (docs/performance.md), so
 the model uses them only on request (AttnImpl.dense_rows, and exact mode: AttnImpl.exact). What they offer
-instead: a row's result does not depend on how many rows the launch has (fixed tiles, block_m fixed by M's
-divisibility alone, fixed contraction order), unlike cuBLAS, whose algorithm and so rounding change with M. A
+instead: a row's result does not depend on how many rows the launch has (every dot a fixed 16-row tile, a
+fixed contraction order, however many rows a program or the launch has), unlike cuBLAS, whose algorithm and so rounding change with M. A
 one-token ar step and a (gamma+1)-token verification then compute the same bf16 dense outputs; exact mode
 pairs them with attention kernels of the same property (docs/methods.md, "Lossless").
 
@@ -42,13 +42,17 @@ from jax.experimental import pallas as pl
 from . import _common as C
 
 MODES = ("qkv_rope", "glu", "residual", "head")
-# (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (the largest power of
-# two <= it dividing M is used). Chosen in whole generation loops (docs/performance.md, the "m16" variant):
-# 16-row programs beat 64-row ones, which hold a [64, D] activation tile each; pieces of <= 256 were the
-# fastest with 5-token verifications in the launch too.
-# qkv_rope's block_n is always one head.
-TUNED = {"qkv_rope": (16, 64, 256, 4), "glu": (16, 32, 256, 4), "residual": (16, 32, 256, 4),
-         "residual_long": (16, 32, 256, 4), "head": (16, 32, 256, 4)}
+# Every dot is SUB_ROWS rows (Triton's smallest MMA tile): a program of more rows runs them as tiles of that size.
+SUB_ROWS = 16
+# (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (`_rows_per_program`).
+# One [64, D] dot per program was slower than 16-row programs in whole loops (docs/performance.md, the "m16"
+# variant); 64-row programs of 16-row tiles read each weight piece once for four tiles (issue 29: in exact mode's
+# 5-token verifications at B=64 the 16-row programs re-read SwiGLU's weights 20 times, the LM head's too).
+# Pieces of <= 256 were the fastest with 5-token verifications in the launch. qkv_rope's block_n is one head.
+TUNED = {"qkv_rope": (64, 64, 256, 4), "glu": (64, 32, 256, 4), "residual": (64, 32, 256, 4),
+         "residual_long": (64, 32, 256, 4), "head": (128, 32, 256, 4)}
+# Rows per program grow only while the launch keeps at least this many programs (two per SM of an H100/H200).
+MIN_PROGRAMS = 256
 # Largest contraction the unrolled pieces are used for (measured up to SmolLM2's F = 1536); longer ones keep
 # XLA's GEMMs (a model of Llama's size is bandwidth-, not launch-bound, at decode sizes).
 MAX_CONTRACTION = 2048
@@ -73,20 +77,19 @@ def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, m
                   ncols, groups, norm, w_transposed=False):
     """x_ref [bm, Kd]; nw_ref [L, Kd] norm weights (a placeholder without norm); w_ref [L, Kd, Nc]; aux_ref: the
     residual block [bm, bn] (residual), row positions [bm] (qkv_rope) or unused; inv_ref [H/2] RoPE inverse
-    frequencies (qkv_rope); o_ref [bm, bn]. The contraction is unrolled over static `chunks` (all loads can be
-    in flight at once: at decode sizes a program is latency-bound, not bandwidth-bound). w_transposed: w_ref is
-    [L, Nc, Kd] (head: a tied embedding table)."""
+    frequencies (qkv_rope); o_ref [bm, bn]. w_transposed: w_ref is [L, Nc, Kd] (head: a tied embedding table).
+
+    The program's rows are computed in SUB_ROWS-row tiles, each by the same operations (its own norm, one
+    [SUB_ROWS, piece] x [piece, bn] dot per contraction piece, accumulated in piece order, its epilogue), so a
+    row's result does not depend on how many rows the program or the launch has. Each weight piece is loaded
+    once per program and used by every tile: more rows per program, fewer reads of the weights. The contraction
+    is unrolled over static `chunks` (all loads can be in flight at once: at decode sizes a program is
+    latency-bound)."""
     bm, kd = x_ref.shape
     layer = layer_ref[()]
     n = pl.program_id(1)
     dt = o_ref.dtype
-    xs = [x_ref[:, pl.ds(c0, cn)] for c0, cn in chunks]
-    if norm:
-        ms = sum(jnp.sum(jnp.square(xc.astype(jnp.float32)), axis=1) for xc in xs) / kd
-        rstd = lax.rsqrt(ms + eps)
-        xs = [((xc.astype(jnp.float32) * rstd[:, None]) * nw_ref[layer, pl.ds(c0, cn)].astype(jnp.float32)[None, :])
-              .astype(xc.dtype) for xc, (c0, cn) in zip(xs, chunks)]
-
+    tiles = [pl.ds(t * SUB_ROWS, SUB_ROWS) for t in range(bm // SUB_ROWS)]
     if mode == "qkv_rope":   # a program = one head: its two halves are the rotated pair
         half = block_n // 2
         cols = (n * block_n, n * block_n + half)
@@ -96,28 +99,60 @@ def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, m
     else:
         half = block_n
         cols = (n * block_n,)
-    if w_transposed:
-        accs = [sum(C.dot_nt(xc, w_ref[layer, pl.ds(pl.multiple_of(col, half), half), pl.ds(c0, cn)])
-                    for xc, (c0, cn) in zip(xs, chunks)) for col in cols]
-    else:
-        accs = [sum(jnp.dot(xc, w_ref[layer, pl.ds(c0, cn), pl.ds(pl.multiple_of(col, half), half)],
-                            preferred_element_type=jnp.float32) for xc, (c0, cn) in zip(xs, chunks))
-                for col in cols]
-    if mode == "head":
-        o_ref[...] = accs[0]
-    elif mode == "qkv_rope":
-        a1, a2 = (_r(acc, dt) for acc in accs)
-        ang = aux_ref[...].astype(jnp.float32)[:, None] * inv_ref[...][None, :]
-        cos, sin = jnp.cos(ang), jnp.sin(ang)
-        rotate = (n % (groups + 2)) <= groups      # q heads and the k head; the v head passes through
-        o_ref[:, pl.ds(0, half)] = jnp.where(rotate, a1 * cos - a2 * sin, a1).astype(dt)
-        o_ref[:, pl.ds(half, half)] = jnp.where(rotate, a2 * cos + a1 * sin, a2).astype(dt)
-    elif mode == "glu":
-        g, u = (_r(acc, dt) for acc in accs)
-        silu = _r(g * _r(jax.nn.sigmoid(g), dt), dt)
-        o_ref[...] = (silu * u).astype(dt)
-    else:
-        o_ref[...] = (aux_ref[...].astype(jnp.float32) + _r(accs[0], dt)).astype(dt)
+
+    if norm:   # each tile's rsqrt(mean square), over the pieces in order
+        rstd = [lax.rsqrt(sum(jnp.sum(jnp.square(x_ref[r, pl.ds(c0, cn)].astype(jnp.float32)), axis=1)
+                              for c0, cn in chunks) / kd + eps) for r in tiles]
+
+    def piece(r, i, c0, cn):   # tile r's (normalised) activations over contraction piece c0:c0+cn
+        xc = x_ref[r, pl.ds(c0, cn)]
+        if not norm:
+            return xc
+        return ((xc.astype(jnp.float32) * rstd[i][:, None]) *
+                nw_ref[layer, pl.ds(c0, cn)].astype(jnp.float32)[None, :]).astype(xc.dtype)
+
+    accs = [[None] * len(cols) for _ in tiles]
+    for c0, cn in chunks:
+        for j, col in enumerate(cols):
+            if w_transposed:
+                wp = w_ref[layer, pl.ds(pl.multiple_of(col, half), half), pl.ds(c0, cn)]
+                dots = [C.dot_nt(piece(r, i, c0, cn), wp) for i, r in enumerate(tiles)]
+            else:
+                wp = w_ref[layer, pl.ds(c0, cn), pl.ds(pl.multiple_of(col, half), half)]
+                dots = [jnp.dot(piece(r, i, c0, cn), wp, preferred_element_type=jnp.float32)
+                        for i, r in enumerate(tiles)]
+            for i, d in enumerate(dots):
+                accs[i][j] = d if accs[i][j] is None else accs[i][j] + d
+
+    for i, r in enumerate(tiles):
+        acc = accs[i]
+        if mode == "head":
+            o_ref[r, :] = acc[0]
+        elif mode == "qkv_rope":
+            a1, a2 = (_r(a, dt) for a in acc)
+            ang = aux_ref[r].astype(jnp.float32)[:, None] * inv_ref[...][None, :]
+            cos, sin = jnp.cos(ang), jnp.sin(ang)
+            rotate = (n % (groups + 2)) <= groups      # q heads and the k head; the v head passes through
+            o_ref[r, pl.ds(0, half)] = jnp.where(rotate, a1 * cos - a2 * sin, a1).astype(dt)
+            o_ref[r, pl.ds(half, half)] = jnp.where(rotate, a2 * cos + a1 * sin, a2).astype(dt)
+        elif mode == "glu":
+            g, u = (_r(a, dt) for a in acc)
+            silu = _r(g * _r(jax.nn.sigmoid(g), dt), dt)
+            o_ref[r, :] = (silu * u).astype(dt)
+        else:
+            o_ref[r, :] = (aux_ref[r, :].astype(jnp.float32) + _r(acc[0], dt)).astype(dt)
+
+
+def _rows_per_program(M: int, col_blocks: int, cap: int) -> int:
+    """Rows per program: the most (a power of two <= cap dividing M) that still leaves MIN_PROGRAMS programs,
+    else SUB_ROWS. Any choice gives every row the same result (SUB_ROWS tiles): this only trades weight
+    re-reads (one per program row) against programs in flight."""
+    b = cap
+    while b > SUB_ROWS:
+        if M % b == 0 and (M // b) * col_blocks >= MIN_PROGRAMS:
+            return b
+        b //= 2
+    return SUB_ROWS
 
 
 def _block(size: int, cap: int) -> int:
@@ -178,7 +213,7 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
       norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu, head); eps: its epsilon.
       aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.
       inv_freq: f32[H/2] RoPE inverse frequencies (qkv_rope); head_dim, groups: H and G (qkv_rope).
-      block_m: rows per program (at most); block_n: output columns per program (qkv_rope: always one head);
+      block_m: rows per program (at most; None: `_rows_per_program` with TUNED's cap); block_n: output columns per program (qkv_rope: always one head);
         max_chunk: longest contraction piece;
         num_warps, num_stages: Triton launch parameters. None: TUNED.
     Returns:
@@ -189,14 +224,14 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
     M, kd = x.shape
     L, nc = w.shape[0], w.shape[1 if w_transposed else 2]
     tuned = TUNED["residual_long" if mode == "residual" and kd > 1024 else mode]
-    block_m, block_n, max_chunk, num_warps = (
-        tuned[j] if v is None else v for j, v in enumerate((block_m, block_n, max_chunk, num_warps)))
-    block_m = _block(M, block_m)   # fixed by M alone: a row's rounding never depends on the launch's size
+    block_n, max_chunk, num_warps = (tuned[j + 1] if v is None else v
+                                     for j, v in enumerate((block_n, max_chunk, num_warps)))
     if mode == "qkv_rope":
         block_n, ncols = head_dim, nc
     else:
         ncols = nc // 2 if mode == "glu" else nc
         block_n = _block(ncols, block_n)
+    block_m = _rows_per_program(M, ncols // block_n, tuned[0]) if block_m is None else _block(M, block_m)
     norm = mode != "residual"
     if norm and (norm_w is None or norm_w.shape != (L, kd)):
         raise ValueError(f"{mode} needs norm_w [L, Kd] = {(L, kd)}, got {None if norm_w is None else norm_w.shape}")

@@ -50,6 +50,28 @@ def test_dense_matches_reference(mode, dtype):
                                        err_msg=f"{mode} M={M} layer={layer}", **TOL[dtype])
 
 
+@pytest.mark.parametrize("mode", Dn.MODES)
+def test_a_rows_result_does_not_depend_on_the_rows_per_program_or_the_launch(mode):
+    """Exact mode's premise for the dense part: rows 16..31 of a 96-row launch equal, bit for bit, the same rows
+    launched alone (16 rows), whatever the rows per program (16, 32 = 2 tiles, 96 -> 32: _block's divisor)."""
+    x, w, kw = _case(mode, 96, jnp.bfloat16, 21)
+    part = {k: (v[16:32] if k == "aux" else v) for k, v in kw.items()}
+    alone = np.asarray(Dn.dense_kernel(x[16:32], w, 0, mode=mode, interpret=INTERPRET, block_m=16, **part))
+    for bm in (16, 32, 64):
+        got = np.asarray(Dn.dense_kernel(x, w, 0, mode=mode, interpret=INTERPRET, block_m=bm, **kw))
+        np.testing.assert_array_equal(got[16:32], alone, err_msg=f"{mode} block_m={bm}")
+
+
+def test_rows_per_program_grow_only_while_the_launch_stays_wide():
+    """SwiGLU at SmolLM2's width (48 column blocks): 320 rows take 32-row programs (10 x 48 = 480 >= 256; 64 would
+    leave 240); 64 rows stay at 16 (4 x 48 = 192); the LM head's 1536 column blocks take the cap when it divides."""
+    assert Dn._rows_per_program(320, 48, 64) == 32
+    assert Dn._rows_per_program(64, 48, 64) == 16
+    assert Dn._rows_per_program(64, 1536, 128) == 64
+    assert Dn._rows_per_program(384, 1536, 128) == 128
+    assert Dn._rows_per_program(80, 1536, 128) == 16   # 80 = 16 x 5: no larger power of two divides it
+
+
 def test_rope_leaves_v_heads_alone_and_rotates_q_k():
     """With every position 0 RoPE is the identity; at other positions only the q and k heads change."""
     x, w, kw = _case("qkv_rope", 16, jnp.float32, 3)
