@@ -46,11 +46,12 @@ MODES = ("qkv_rope", "glu", "residual", "head")
 SUB_ROWS = 16
 # (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (`_rows_per_program`).
 # One [64, D] dot per program was slower than 16-row programs in whole loops (docs/performance.md, the "m16"
-# variant); 64-row programs of 16-row tiles read each weight piece once for four tiles (issue 29: in exact mode's
-# 5-token verifications at B=64 the 16-row programs re-read SwiGLU's weights 20 times, the LM head's too).
-# Pieces of <= 256 were the fastest with 5-token verifications in the launch. qkv_rope's block_n is one head.
-TUNED = {"qkv_rope": (64, 64, 256, 4), "glu": (64, 32, 256, 4), "residual": (64, 32, 256, 4),
-         "residual_long": (64, 32, 256, 4), "head": (128, 32, 256, 4)}
+# variant). Programs of two 16-row tiles read each weight piece once for both: in exact mode's 5-token
+# verifications at B=64 SwiGLU took 631 instead of 920 us per step; 4 and 8 tiles per program were slower
+# than one (issue 29, `profile_exact_*_h100.json`). Pieces of <= 256 were the fastest with 5-token
+# verifications in the launch. qkv_rope's block_n is one head.
+TUNED = {"qkv_rope": (32, 64, 256, 4), "glu": (32, 32, 256, 4), "residual": (32, 32, 256, 4),
+         "residual_long": (32, 32, 256, 4), "head": (32, 32, 256, 4)}
 # Rows per program grow only while the launch keeps at least this many programs (two per SM of an H100/H200).
 MIN_PROGRAMS = 256
 # Largest contraction the unrolled pieces are used for (measured up to SmolLM2's F = 1536); longer ones keep
