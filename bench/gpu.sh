@@ -29,7 +29,7 @@
 #   beforeafter       issue 28's before/after in one call: the same `jspec bench` (ar and the best lossless methods,
 #                    L=7936, B=16 and 64) from the tree of commit $BEFORE (carry .before: `git archive $BEFORE jspec
 #                    pallas_kernels checkpoints pyproject.toml`; BEFORE_COMMIT=<sha>:<its source hash>), then from
-#                    this tree; both with cuBLAS GEMMs -> $OUT/bench_{before,after}_<card>.json. BA_ORDER="after
+#                    this tree; both with cuBLAS GEMMs -> $OUT/bench_{before,after}${TAG}_<card>.json. BA_ORDER="after
 #                    before" runs this tree first; BA_BATCHES (16,64) and BA (the methods) narrow the run
 #   fidelity         Dustin: `jspec fidelity` teacher-forced at L=$LENGTHS (default 2048,4096,8000), budgets
 #                    128..1024, with $C's profile when `heads` ran before -> $OUT/dustin_fidelity_${SUF}.json + .png
@@ -89,11 +89,11 @@ for mode in "$@"; do
               for side in ${BA_ORDER:-before after}; do   # BA_ORDER="after before": this tree first
                 if [ "$side" = before ]; then
                   (cd .before && JSPEC_COMMIT=$BEFORE_COMMIT PYTHONPATH=/tmp/site:. timeout "${T_RUN:-280}" python3 -m \
-                     jspec.bench --texts $C/corpus --out "$OUT/bench_before_${SUF}.json" --methods "$BA" --lengths 7936 \
+                     jspec.bench --texts $C/corpus --out "$OUT/bench_before${TAG:-}_${SUF}.json" --methods "$BA" --lengths 7936 \
                      --batches "${BA_BATCHES:-16,64}" 2>&1 | grep -v -e Warning -e "^  warnings.warn" \
-                     | tee "$OUT/bench_before_${SUF}_log.txt" | tail -12)
+                     | tee "$OUT/bench_before${TAG:-}_${SUF}_log.txt" | tail -12)
                 else
-                  run after "${T_RUN:-280}" --methods "$BA" --lengths 7936 --batches "${BA_BATCHES:-16,64}"
+                  run "after${TAG:-}" "${T_RUN:-280}" --methods "$BA" --lengths 7936 --batches "${BA_BATCHES:-16,64}"
                 fi
               done ;;
     fidelity) prof=$([ -f $C/dustin_heads_self_${SUF}.json ] && echo "--profile $C/dustin_heads_self_${SUF}.json")

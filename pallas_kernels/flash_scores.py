@@ -158,19 +158,22 @@ def _flash_kernel(layer_ref, kv_len_ref, q_ref, k_ref, v_ref, *refs, T, G, sm_sc
             else:
                 k = k_ref[layer, pl.ds(start, block_k), :]
                 v = v_ref[layer, pl.ds(start, block_k), :]
+            # The attention logits first, then the score rows: the other order made this loop slower on the GPU
+            # (docs/performance.md, "Before and after the redesign").
+            if n_sub:   # exact mode: each sub-block is the tile a one-token step computes
+                s = [jnp.where(pos[None, :] < re[:, None], C.dot_nt(qi, k) * scale2, -jnp.inf)
+                     if masked else C.dot_nt(qi, k) * scale2 for qi, re in zip(q_sub, end_sub)]
+            else:
+                s = C.dot_nt(q, k) * scale2
+                if masked:
+                    s = jnp.where(pos[None, :] < row_end[:, None], s, -jnp.inf)
             if score_mode:
                 if multi_row_blocks:
                     pl.when(is_score_prog)(lambda: scores(start, pos, k, masked))
                 else:
                     scores(start, pos, k, masked)
-            if n_sub:   # exact mode: each sub-block is the tile a one-token step computes
-                return tuple(
-                    C.softmax_step(c, jnp.where(pos[None, :] < re[:, None], C.dot_nt(qi, k) * scale2, -jnp.inf)
-                                   if masked else C.dot_nt(qi, k) * scale2, v)
-                    for c, qi, re in zip(carry, q_sub, end_sub))
-            s = C.dot_nt(q, k) * scale2
-            if masked:
-                s = jnp.where(pos[None, :] < row_end[:, None], s, -jnp.inf)
+            if n_sub:
+                return tuple(C.softmax_step(c, si, v) for c, si in zip(carry, s))
             return C.softmax_step(carry, s, v)
 
         return step
