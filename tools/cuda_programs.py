@@ -14,7 +14,8 @@ Run it from the root of each tree to compare (it imports the jspec it finds ther
     (cd /path/to/other/tree && python /path/to/tools/cuda_programs.py ... --out /tmp/before)
     python tools/cuda_programs.py --compare /tmp/before /tmp/after
 
-A tree from before the engine ran "ar" has no such calls for "ar"; the tool then says so. PTX compilation and
+A tree from before the engine ran "ar" has no such calls for "ar"; the tool then says so and records only
+what it reached. PTX compilation and
 XLA's GPU passes are not run: equal outputs here mean equal inputs to the same compiler.
 """
 from __future__ import annotations
@@ -127,9 +128,11 @@ def lower(method: str, batch: int, length: int, new_tokens: int, out: str) -> di
         p.start()
     try:
         api.generate(model, prompts, method=name, max_new_tokens=new_tokens, **knobs)
-        summary["note"] = "generate did not reach speculative.run_donating (an older plain-decoding path)"
+        summary["note"] = "generate returned without reaching speculative.run_donating"
     except _Done:
         pass
+    except Exception as e:   # e.g. a tree whose "ar" runs another loop, which abstract weights cannot run
+        summary["note"] = f"generate did not reach the engine's calls: {type(e).__name__}: {e}"[:400]
     finally:
         for p in reversed(patches):
             p.stop()
@@ -180,6 +183,8 @@ def main(argv=None) -> int:
     s = lower(a.method, a.batch, a.length, a.new_tokens, a.out)
     for name, p in s["programs"].items():
         print(f"{name}: xla {p['xla']}, kernels {', '.join(p['kernels'])}")
+    if "note" in s:
+        print(s["note"])
     return 0
 
 
