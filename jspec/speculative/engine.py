@@ -29,14 +29,15 @@ same, donating the state so the cache is updated in place); both run `rounds`, t
 `accept`, the method's `update`) is a plain function so a benchmark can jit it alone on the same shapes to
 split the round time offline.
 
-Methods plug in through six small hooks (see streaming.py's docstring) rather than a `step` each: the round is
-the same for all of them, only which KV entries a draft step reads differs.
-
-LongSpec (method "longspec") drafts a tree with a separate trained drafter instead, so its round is its own
-(longspec.py: draft, tree verification, acceptance, compaction); everything around the round (emission, stop
-tokens, max_new_tokens, frozen finished rows, stats) is this driver's. Its drafter params enter as the
-traced `drafter=` argument of `init` / `prepare` / `run` (never static, never donated); its ring cache lives
-in State.method. The accepted-length histogram then has depth + 1 bins (spec.depth).
+Every method is a module of one protocol (`METHOD_MODULES`): six small hooks (see streaming.py's docstring)
+that the engine's chain round drives (draft, verify, accept; only which KV entries a draft step reads differs),
+and two optional ones for a method with its own drafter: `prepare(drafter, params, cfg, spec, cache,
+prompt_tokens)` builds its state after the prefill, and `tree_round(...)` replaces the chain round
+(longspec.py: the drafter's tree, a tree-masked verification, acceptance, compaction). Everything around the
+round (emission, stop tokens, max_new_tokens, frozen finished rows, the method's `update`, stats) is this
+driver's. A drafter's params enter as the traced `drafter=` argument of `init` / `prepare` / `run` (never
+static, never donated); its ring cache lives in State.method. The accepted-length histogram has depth + 1
+bins (spec.depth).
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ from jspec.config import ModelConfig, SamplingConfig
 from jspec.speculative import ar, longspec, lookup, quest, sparse_verify, streaming, vegas
 from jspec.speculative.config import SpecConfig
 
-METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas, "ar": ar}
+METHOD_MODULES = {"streaming": streaming, "quest": quest, "vegas": vegas, "longspec": longspec, "ar": ar}
 
 
 @struct.dataclass
@@ -130,8 +131,8 @@ def init_sharded(params, cfg: ModelConfig, spec: SpecConfig, prompt_tokens, prom
     cache = sharding.init_cache(cfg, mesh, batch=tokens.shape[0], capacity=capacity)
     logits, cache = prefill.prefill(params, cfg, tokens, lengths, cache, impl=impl)
     last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-    extra = dict(drafter=drafter) if spec.method == "longspec" else {}
-    if spec.method == "longspec" or spec.lookup:
+    extra = dict(drafter=drafter) if hasattr(_method(spec), "prepare") else {}
+    if extra or spec.lookup:
         extra["prompt_tokens"] = tokens
     return prepare(params, cfg, spec, cache, logits, last, impl=impl, **extra)
 
@@ -159,12 +160,11 @@ def _prepare(params, cfg, spec, cache, logits, last_token, impl, drafter=None, p
 
 
 def _prepare_method(params, cfg, spec, cache, logits, last_token, impl, drafter, prompt_tokens):
-    if spec.method == "longspec":
-        if prompt_tokens is None:
-            raise ValueError("method 'longspec' needs prompt_tokens to fill the drafter's ring")
-        mstate = longspec.init(drafter, params, cfg, spec, prompt_tokens, cache.lengths, cache.capacity)
-        return State(cache=cache, logits=logits, method=mstate)
     m = _method(spec)
+    if hasattr(m, "prepare"):   # a method with its own drafter: its state comes from the drafter and the prompts
+        if prompt_tokens is None:
+            raise ValueError(f"method {spec.method!r} needs prompt_tokens to fill the drafter's ring")
+        return State(cache=cache, logits=logits, method=m.prepare(drafter, params, cfg, spec, cache, prompt_tokens))
     lengths = cache.lengths
     tokens = None
     if spec.lookup:
@@ -379,7 +379,7 @@ def start(spec: SpecConfig, samp: SamplingConfig, state: State, key, max_new_tok
 
 def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, impl, drafter=None) -> "_Loop":
     """One round (the while_loop body): draft, verify, accept, emit, roll back, update the selection."""
-    is_longspec = spec.method == "longspec"
+    m = _method(spec)
     g = spec.depth
     is_stop = _stop_test(stop_tokens)
     if spec.method == "ar":   # one key per step, as plain decoding splits it: the same sampled tokens
@@ -390,10 +390,12 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     base = st.cache.lengths
     live = ~st.done   # finished rows ride along without reading their caches (model.forward's `live`)
     vs = st.verify   # None: dense verification, exactly the lossless program
-    if is_longspec:   # drafts = the accepted path; the cache is already compacted
-        drafts, n_acc, nxt, cache, mstate, vs = longspec.step(params, cfg, spec, samp, drafter, st.mstate, st.cache,
-                                                              st.last, live, k_draft, k_accept, impl, vs)
+    scores = None
+    if hasattr(m, "tree_round"):   # drafts = the accepted path; the cache is already compacted
+        drafts, n_acc, nxt, cache, mstate, vs = m.tree_round(params, cfg, spec, samp, drafter, st.mstate, st.cache,
+                                                             st.last, live, k_draft, k_accept, impl, vs)
     else:
+        mstate = st.mstate
         signal = vs is not None and sparse_verify.uses_draft(spec)
         drafts, q, cache, a_d = draft(params, cfg, spec, samp, st.mstate, st.cache, st.last, k_draft, impl, live,
                                       signal)
@@ -405,7 +407,7 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
         else:
             block = jnp.concatenate([st.last[:, None], drafts], axis=1)
             logits, cache, scores, vs = sparse_verify.forward(
-                params, cfg, spec, vs, block, cache, a_d, score_rows=_method(spec).score_rows(spec),
+                params, cfg, spec, vs, block, cache, a_d, score_rows=m.score_rows(spec),
                 score_mode=_score_mode(spec), impl=impl, live=live)
         n_acc, nxt = accept(samp, drafts, q, logits, k_accept)
 
@@ -426,8 +428,7 @@ def round_(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, im
     if rec is not None:   # `last` and the accepted drafts are now at slots base .. base + n_acc
         block = jnp.concatenate([st.last[:, None], drafts], axis=1)
         rec = lookup.commit(rec, base, block, jnp.where(live, n_acc + 1, 0))
-    if not is_longspec:
-        mstate = _method(spec).update(spec, st.mstate, cache, scores, base)
+    mstate = m.update(spec, mstate, cache, scores, base)
     if vs is not None:
         vs = sparse_verify.update(spec, vs, cache, base)
     hist = st.hist + (jax.nn.one_hot(n_acc, g + 1, dtype=jnp.int32) * live[:, None].astype(jnp.int32))

@@ -200,3 +200,24 @@ def step(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig, draft
     best, n_acc, nxt = accept(spec, samp, d, logits, k_accept)
     drafts, cache, mstate = commit(spec, d, cache, base, best, n_acc, active, mstate)
     return drafts, n_acc, nxt, cache, mstate, vstate
+
+
+# ------------------------------------------------------------------------------ the engine's method protocol
+# LongSpec implements the protocol of streaming.py with its two optional hooks: `prepare` (its state comes from
+# the drafter and the prompts, not from the target's scores) and `tree_round` (its own round: the drafter's tree
+# and a tree-masked verification). The chain hooks the engine would otherwise call are the trivial ones.
+
+def prepare(drafter, params, cfg: ModelConfig, spec: SpecConfig, cache: kv_cache.KVCache, prompt_tokens) -> State:
+    """The method state after a prefill into `cache` (the engine's hook; `init` with the cache's lengths)."""
+    return init(drafter, params, cfg, spec, prompt_tokens, cache.lengths, cache.capacity)
+
+
+tree_round = step
+
+
+def score_rows(spec):
+    return ()
+
+
+def update(spec, state, cache, scores, point):
+    return state   # `tree_round` already committed the round into the ring

@@ -1,7 +1,9 @@
 """MagicDec-style streaming draft: the target drafts with attention over the `sink` first tokens and the most
 recent ones (query-independent, no selection state). docs/methods.md.
 
-Method interface (shared by streaming / quest / vegas, driven by jspec/speculative/engine.py):
+Method interface (every method module, driven by jspec/speculative/engine.py; LongSpec adds the two optional
+hooks `prepare` and `tree_round`, which replace `init` and the chain round, so it needs only `score_rows` and
+`update` of the list below):
     score_rows(spec) -> tuple        verification query rows whose scores the method needs (static)
     tail_slots(spec) -> int          static bound on positions after the selection point (selection.with_tail)
     init(spec, cfg, cache, scores, point) -> state          after prefill (scores f32[L, B, S] or None)
