@@ -341,15 +341,28 @@ def _run(params, cfg, spec, samp, state, key, max_new_tokens, stop_tokens, impl,
 
 
 def rounds(params, cfg, spec, samp, st: "_Loop", max_new_tokens, stop_tokens, impl, drafter=None,
-           more=None) -> "_Loop":
-    """The while_loop of rounds: until every row is done, or earlier once `more(st)` (traced bool) is False
-    (continuous batching stops when enough rows are free for a refill)."""
-    def cond(st):
-        going = ~jnp.all(st.done)
-        return going if more is None else going & more(st)
+           more=None, between=None, carry=None):
+    """The while_loop of rounds: until every row is done, or earlier once `more` (traced bool) is False.
+    Every decoding loop in jspec is this one.
 
-    return jax.lax.while_loop(
-        cond, lambda st: round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter), st)
+    Without `between`: returns the final _Loop; `more(st)` (continuous batching stops when enough rows are free
+    for a refill). With `between(st, carry) -> (st, carry)`, run after every round with a carry of its own
+    (continuous batching's refills on the device): returns (st, carry); `more(st, carry)`."""
+    def one(st):
+        return round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter)
+
+    if between is None:
+        def cond(st):
+            going = ~jnp.all(st.done)
+            return going if more is None else going & more(st)
+
+        return jax.lax.while_loop(cond, one, st)
+
+    def cond_with(c):
+        going = ~jnp.all(c[0].done)
+        return going if more is None else going & more(*c)
+
+    return jax.lax.while_loop(cond_with, lambda c: between(one(c[0]), c[1]), (st, carry))
 
 
 def finish(st: "_Loop", logits):

@@ -10,8 +10,9 @@ their cache and state untouched, so every request's greedy output is the one pla
 
     outs, stats = serve(params, cfg, spec, samp, prompts, batch=16, capacity=8448, max_new_tokens=256)
 
-With staged=True the next requests are prefilled ahead instead and the loop itself (`run_staged`) hands each
-finished row a staged one after the round it finished in, so no slot waits for others to finish.
+With staged=True the next requests are prefilled ahead instead and the loop itself (`run_staged`: the engine's
+`rounds` with a between-rounds hook) hands each finished row a staged one after the round it finished in, so
+no slot waits for others to finish.
 
 Batch axes are found, not declared (`batch_axes`): a leaf's batch axis is the one whose size differs between
 the B-slot loop state and a 1-slot one (every per-row array of the engine and of each method's state has exactly one).
@@ -78,7 +79,7 @@ def run_staged(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig,
     saved = {"slot": jnp.full((K,), -1, jnp.int32),
              **{f: jnp.zeros((K,) + getattr(st, f).shape[1:], getattr(st, f).dtype) for f in _SAVED}}
 
-    def swap_in(c):   # every finished row takes a staged one while any is left
+    def swap_in(st, c):   # every finished row takes a staged one while any is left
         def one(c):
             st, used, saved = c
             slot = jnp.argmax(st.done & ~retired).astype(jnp.int32)
@@ -86,20 +87,19 @@ def run_staged(params, cfg: ModelConfig, spec: SpecConfig, samp: SamplingConfig,
             saved = jax.tree.map(lambda buf, x: buf.at[used].set(x), saved, row)
             return _put_row(st, stage, slot, used, axes), used + 1, saved
 
-        return jax.lax.while_loop(lambda c: jnp.any(c[0].done & ~retired) & (c[1] < n_stage), one, c)
+        st, used, saved = jax.lax.while_loop(lambda c: jnp.any(c[0].done & ~retired) & (c[1] < n_stage), one,
+                                             (st,) + c[:2])
+        return st, (used, saved) + c[2:]
 
-    def cond(c):
-        st, used = c[0], c[1]
-        return ~jnp.all(st.done) & ((used < n_stage) | (n_stage == 0))
+    def between(st, c):   # after each round: the refills, and the round count
+        st, (used, saved, it) = swap_in(st, c)
+        return st, (used, saved, it + 1)
 
-    def body(c):
-        st, used, saved, it = c
-        st = engine.round_(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter)
-        st, used, saved = swap_in((st, used, saved))
-        return st, used, saved, it + 1
-
-    st, used, saved = swap_in((st, jnp.int32(0), saved))     # rows that finished in the previous call
-    return jax.lax.while_loop(cond, body, (st, used, saved, jnp.int32(0)))
+    st, (used, saved) = swap_in(st, (jnp.int32(0), saved))     # rows that finished in the previous call
+    st, (used, saved, it) = engine.rounds(params, cfg, spec, samp, st, max_new_tokens, stop_tokens, impl, drafter,
+                                          more=lambda st, c: (c[0] < n_stage) | (n_stage == 0), between=between,
+                                          carry=(used, saved, jnp.int32(0)))
+    return st, used, saved, it
 
 
 def batch_axes(big, small) -> tuple:
