@@ -45,11 +45,11 @@ MODES = ("qkv_rope", "glu", "residual", "head")
 # Every dot is SUB_ROWS rows (Triton's smallest MMA tile): a program of more rows runs them as tiles of that size.
 SUB_ROWS = 16
 # (block_m, block_n, max_chunk, num_warps) per mode: block_m caps the rows per program (`_rows_per_program`).
-# One [64, D] dot per program was slower than 16-row programs in whole loops (docs/performance.md, the "m16"
-# variant). Programs of two 16-row tiles read each weight piece once for both: in exact mode's 5-token
-# verifications at B=64 SwiGLU took 631 instead of 920 us per step; 4 and 8 tiles per program were slower
-# than one (issue 29, `profile_exact_*_h100.json`). Pieces of <= 256 were the fastest with 5-token
-# verifications in the launch. qkv_rope's block_n is one head.
+# One [64, D] dot per program was slower than 16-row programs in whole loops; programs of two 16-row tiles,
+# which read each weight piece once for both, were faster than one in long verifications, and four or eight
+# slower again; pieces of <= 256 were the fastest (docs/performance.md: "Exactness and its cost", "Tried and
+# reverted").
+# qkv_rope's block_n is one head.
 TUNED = {"qkv_rope": (32, 64, 256, 4), "glu": (32, 32, 256, 4), "residual": (32, 32, 256, 4),
          "residual_long": (32, 32, 256, 4), "head": (32, 32, 256, 4)}
 # Rows per program grow only while the launch keeps at least this many programs (two per SM of an H100/H200).
