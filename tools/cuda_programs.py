@@ -3,8 +3,8 @@
 A refactor that claims "lowered programs unchanged" must compare what runs on the GPU, Pallas kernels
 included. Lowered on the CPU, the kernels' dispatcher falls back to the XLA path, and lowered for CUDA each
 kernel is an opaque bytecode blob inside a custom call. This tool lowers for CUDA against a pretend sm_90
-device (no GPU needed), takes each Pallas kernel's Triton IR out as text, and hashes the XLA programs with the
-blobs replaced by those hashes. It drives the public path: `jspec.generate` on random prompts of the given
+device (no GPU needed), takes each Pallas kernel's Triton IR out as text and hashes it, and hashes the XLA
+programs with the blobs left out (the kernels are compared by their own hashes). It drives the public path: `jspec.generate` on random prompts of the given
 shape and abstract SmolLM2 weights, stopping at the engine's two jitted calls (`speculative.init`, the prefill
 and first selection; `speculative.run_donating`, the rounds).
 
@@ -111,12 +111,8 @@ def lower(method: str, batch: int, length: int, new_tokens: int, out: str) -> di
         export("run", real_run, a, k)
         raise _Done
 
-    head, _, rest = method.partition(":")
-    name, _, lk = head.partition("+lookup")
-    knobs = {k: int(v) if v.lstrip("-").isdigit() else v
-             for k, _, v in (kv.partition("=") for kv in filter(None, rest.split(",")))}
-    if lk:
-        knobs["lookup"] = int(lk)
+    from jspec.bench import MethodSpec   # the benchmark's own spelling of a method and its knobs
+    spec = MethodSpec.parse(method)
     patches = [mock.patch.object(C, "check_platform", lambda interpret: None),
                mock.patch.object(registration.gpu_info_lib, "get_gpu_info",
                                  lambda: types.SimpleNamespace(compute_capability="9.0")),
@@ -127,7 +123,7 @@ def lower(method: str, batch: int, length: int, new_tokens: int, out: str) -> di
     for p in patches:
         p.start()
     try:
-        api.generate(model, prompts, method=name, max_new_tokens=new_tokens, **knobs)
+        api.generate(model, prompts, method=spec.method, max_new_tokens=new_tokens, **dict(spec.knobs))
         summary["note"] = "generate returned without reaching speculative.run_donating"
     except _Done:
         pass
