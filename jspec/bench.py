@@ -98,6 +98,22 @@ class MethodSpec:
         return cls(label=text.strip(), method=method, knobs=tuple(sorted(knobs.items())))
 
 
+def check_methods(methods: list, model_cfg) -> None:
+    """BenchError unless every method's knobs make a valid configuration for this model (values, the
+    verification's budget and heads, a profile's model), the checks `jspec.generate` would make after the
+    earlier methods had run."""
+    from jspec import api
+    from jspec.errors import InputError
+    from jspec.speculative import sparse_verify
+    for m in methods:
+        try:
+            spec = api.spec_config(m.method, None, model_cfg=model_cfg, **dict(m.knobs))
+            if spec is not None:
+                sparse_verify.check(spec, model_cfg)
+        except InputError as e:
+            raise BenchError(f"method {m.label!r}: {e}") from None
+
+
 def split_methods(text: str) -> list["MethodSpec"]:
     """"ar,vegas:select_page=8,budget=256,longspec" -> three MethodSpecs: a comma-separated piece with `=` and
     no method name continues the previous method's knobs."""
@@ -586,10 +602,12 @@ def run(a) -> int:
 
     from jspec import checkpoints
     path = checkpoints.resolve(a.model, progress=True)
-    max_pos = checkpoints.load_config(path).max_position
+    model_cfg = checkpoints.load_config(path)
+    max_pos = model_cfg.max_position
     if max(lengths) + a.new_tokens > max_pos:
         raise BenchError(f"--lengths {max(lengths)} + --new-tokens {a.new_tokens} exceed the model's context of "
                          f"{max_pos} positions; use L <= {max_pos - a.new_tokens}")
+    check_methods(methods, model_cfg)
     peer_records = []
     if peers:   # before JAX allocates the GPU: the peers' prompts are built with the tokenizer alone
         from transformers import AutoTokenizer

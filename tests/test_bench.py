@@ -117,6 +117,19 @@ def test_bad_requests_are_errors_before_any_work(capsys):
         assert err.startswith("error:") and msg in err
 
 
+def test_bad_knob_values_are_errors_before_any_work():
+    """Values only a whole configuration can judge (a verification budget below sink + window, a knob out of
+    range) fail when the methods are checked against the model, before ar or any method has run."""
+    from conftest import tiny_config
+    cfg = tiny_config("llama")
+    bench.check_methods(bench.split_methods("ar,vegas:select_page=8,vegas:verify=dustin,verify_budget=512"), cfg)
+    for text, msg in [("vegas:verify=dustin,verify_budget=64", "sink + window"), ("streaming:gamma=0", "gamma"),
+                      ("vegas:verify=dustin,verify_dense_layers=5-6", "outside the model's 2 layers")]:
+        with pytest.raises(bench.BenchError) as e:
+            bench.check_methods(bench.split_methods(text), cfg)
+        assert str(e.value).startswith(f"method {text!r}") and msg in str(e.value), str(e.value)
+
+
 # ---------------------------------------------------------------------------------------------- whole runs
 
 @pytest.mark.slow
