@@ -20,6 +20,8 @@
 #                    later `dustin64` / `fidelity` calls on the warm machine
 #   dustin64         Dustin end-to-end at L=7936, B=64: vegas (pages of 8) and longspec, each verified densely and by
 #                    Dustin with its `heads` profile (budget 512) (bench_dustin64_h200.json ran ar:loop=decode too, the old loop since deleted)
+#                    PROFILES=bench/results/dustin_heads PROF_CARD=h200: the committed profiles instead of a `heads`
+#                    run; DM: other methods (P in DM stands for the profiles' prefix); TAG: a suffix for the file names
 #   vattn            bench/kernels.py --only verify: Dustin's verification attention vs dense at Llama-3-8B shapes
 #                    (32K, B=16, budget 512 first) -> $OUT/kernels_verify_${SUF}.json
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_${SUF}.json
@@ -72,8 +74,10 @@ for mode in "$@"; do
              tool "heads_$d" "${T_RUN:-270}" profile-heads --texts $C/corpus --length 8000 --budget 512 --drafter $d \
                --out $C/dustin_heads_${d}_${SUF}.json && cp $C/dustin_heads_${d}_${SUF}.json $C/dustin_heads_${d}_${SUF}.png "$OUT/"
            done ;;
-    dustin64) P=$C/dustin_heads ; run dustin64 "${T_RUN:-560}" --lengths 7936 --batches 64 --methods \
-                "vegas:select_page=8,vegas:select_page=8,profile=${P}_self_${SUF}.json,longspec,longspec:profile=${P}_longspec_${SUF}.json" ;;
+    dustin64) P=${PROFILES:-$C/dustin_heads} PC=${PROF_CARD:-$SUF}
+              DM=${DM:-"vegas:select_page=8,vegas:select_page=8,profile=P_self,longspec,longspec:profile=P_longspec"}
+              run "dustin64${TAG:-}" "${T_RUN:-560}" --lengths 7936 --batches 64 \
+                --methods "$(echo "$DM" | sed -E "s#=P_(self|longspec)#=${P}_\1_${PC}.json#g")" ;;
     vattn) timeout "${T_RUN:-200}" python3 bench/kernels.py --only verify --time-budget 150 \
              --out "$OUT/kernels_verify_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/kernels_verify_${SUF}_log.txt" | tail -25 ;;
     profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
