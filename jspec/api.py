@@ -284,7 +284,8 @@ def spec_config(method: Optional[str] = None, config=None, *, model_cfg: Optiona
         they override the config's. Another method's knob is an InputError. The
         verification's: `verify` (its kind), `profile` and `verify_<field>` for the other `Verify` fields.
     Raises:
-      InputError: unknown method, bad knob, unreadable config or profile, or speculative knobs for "ar".
+      InputError: unknown method, bad knob, unreadable config or profile, speculative knobs for "ar", or a
+        draft budget (budget, ratio, min_tokens, max_tokens) for "longspec".
     """
     from jspec.speculative.config import SHARED, read_config
 
@@ -298,6 +299,10 @@ def spec_config(method: Optional[str] = None, config=None, *, model_cfg: Optiona
         if given or {k: v for k, v in vknobs.items() if (k, v) != ("verify", "dense")}:
             raise InputError(f"options {sorted({**given, **vknobs})} only apply to speculative methods, not 'ar'")
         return None
+    unused = sorted(k for k in given if k in ("budget", "ratio", "min_tokens", "max_tokens"))
+    if method == "longspec" and unused:   # they size the sparse drafts; the trained drafter would ignore them
+        raise InputError(f"options {unused} only apply to the sparse drafts of streaming, quest and vegas; "
+                         f"longspec drafts with its trained drafter and takes no draft budget")
     if base and base["method"] != method:   # another method's config: its shared knobs only
         base = {k: v for k, v in base.items() if k in SHARED}
     if vknobs:

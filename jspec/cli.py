@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+
+# SpecConfig knobs that `jspec generate` sets from a flag of the same name (tree_widths: --widths)
+_KNOB_FLAGS = ("gamma", "budget", "ratio", "sink", "page_size", "min_tokens", "max_tokens", "score_mode", "collect",
+               "mode", "topk", "select_page", "lookup", "tree_widths")
 
 
 def cmd_fetch(*, model: str = "smollm2-135m", progress: bool = True) -> str:
@@ -55,12 +60,24 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
         spec = jspec.api.spec_config(method, config, **knobs, **vknobs)
     except jspec.InputError as e:
         given = {**knobs, **vknobs}
+        foreign = re.fullmatch(r"(\w+) is an? (\w+) option; method '(\w+)' takes (.*)", str(e))
+        if foreign and foreign[1] in knobs:   # another method's flag: say it as flags, as the user wrote it
+            flag = lambda k: f"--{'widths' if k == 'tree_widths' else k.replace('_', '-')}"   # noqa: E731
+            takes = [flag(k) for k in foreign[4].split(", ") if k in _KNOB_FLAGS]
+            raise jspec.InputError(f"{flag(foreign[1])} is a {foreign[2]} option; --method {foreign[3]} takes "
+                                   + (", ".join(takes) if takes else "none of the method flags")) from None
         if "only apply to" in str(e):   # name the flags, not the keywords
             from jspec.speculative.config import METHODS
             dense = "only apply to a sparse verification" in str(e)
-            named = sorted(k for k in vknobs if k != "verify") if dense else sorted(given)
+            drafts = "only apply to the sparse drafts" in str(e)
+            named = (sorted(k for k in vknobs if k != "verify") if dense else
+                     sorted(k for k in knobs if k in ("budget", "ratio", "min_tokens", "max_tokens")) if drafts else
+                     sorted(given))
             flags = ", ".join(f"--{'widths' if k == 'tree_widths' else k.replace('_', '-')}" for k in named)
             verb = f"appl{'ies' if len(named) == 1 else 'y'}"
+            if drafts:
+                raise jspec.InputError(f"{flags} only {verb} to the sparse drafts of streaming, quest and vegas; "
+                                       f"--method longspec drafts with its trained drafter") from None
             if dense:
                 raise jspec.InputError(f"{flags} only {verb} to a sparse verification (--verify dustin, streaming or "
                                        f"quest), not the dense default") from None
@@ -124,8 +141,6 @@ def _check_positive(*flags) -> None:
 
 def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """SamplingConfig's checks, the error naming the flag (`--temperature -1.0 must be >= 0 ...`)."""
-    import re
-
     from jspec.config import SamplingConfig
     from jspec.errors import InputError
     try:

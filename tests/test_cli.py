@@ -67,6 +67,19 @@ def test_speculative_flags_with_ar_are_an_error(no_load, capsys, argv, flags):
     assert ("without --method" in err) == ("--method" not in argv)
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["--method", "vegas", "--sink", "4"],
+     "--sink is a streaming option; --method vegas takes --select-page, --score-mode, --collect, --topk"),
+    (["--method", "streaming", "--select-page", "4"], "--select-page is a vegas option; --method streaming takes --sink"),
+    (["--method", "longspec", "--sink", "4"], "--sink is a streaming option; --method longspec takes --mode, --widths"),
+    (["--method", "longspec", "--budget", "64", "--ratio", "0.1"],
+     "--budget, --ratio only apply to the sparse drafts of streaming, quest and vegas; --method longspec drafts"),
+])
+def test_another_methods_flag_is_named_as_a_flag(no_load, capsys, argv, says):
+    err = usage_error(capsys, ["generate", "--prompt", "hi"] + argv)
+    assert says in err, err
+
+
 def tiny_model():
     cfg = ModelConfig(arch="llama", vocab_size=96, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16,
                       ffn_dim=48, dtype="float32", max_position=256, eos_token_ids=())

@@ -78,6 +78,16 @@ def test_a_knob_of_another_method_is_rejected(method, knob, owner):
             jspec.api.spec_config(method, None, **knob)
 
 
+@pytest.mark.parametrize("kw", [dict(budget=64), dict(ratio=0.1), dict(min_tokens=16, max_tokens=128)])
+def test_a_draft_budget_for_longspec_is_rejected_not_ignored(kw):
+    """LongSpec drafts with its trained drafter: a sparse-draft budget given to it would be silently ignored."""
+    with pytest.raises(InputError, match=r"only apply to the sparse drafts of streaming, quest and vegas"):
+        jspec.api.spec_config("longspec", **kw)
+    assert jspec.api.spec_config("vegas", **kw).method == "vegas"   # the self-speculative methods take them
+    # a config file's shared knobs (e.g. another method's tuned budget, or an old longspec file) are defaults
+    assert jspec.api.spec_config("longspec", {**OLD_VEGAS}).method == "longspec"
+
+
 def test_an_options_object_of_another_method_is_rejected():
     with pytest.raises(InputError, match="method 'quest' takes QuestOptions, got VegasOptions"):
         SpecConfig("quest", options=VegasOptions())
