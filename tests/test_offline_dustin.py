@@ -193,7 +193,39 @@ def test_fidelity_dense_when_the_budget_covers_the_context_and_lossy_below():
         assert small["agreement"] < 1.0 and small["nll_increase"] != 0.0 and small["recovered"] < 0.9
     assert recs["dense", None]["agreement"] == 1.0
     assert doc["summary"]["dustin_top1_agreement_L120_budget256"] == 1.0
+    # paired against the baselines at the same budget: identical reads give a zero difference, the standing level
+    v = recs["dustin", 256]["versus"]
+    assert set(v) == {"streaming", "quest"} and v["quest"]["agreement"] == dict(diff=0.0, ci95=[0.0, 0.0])
+    assert doc["summary"]["dustin_standing_L120_budget256"] == "level"
+    assert set(recs["dustin", 24]["versus"]) == {"streaming", "quest"}
     assert {"commit", "dirty", "device", "jax"} <= set(doc["provenance"])
+
+
+def test_paired_interval_is_students_t_over_the_rows():
+    """The interval treats each row (prompt) as one observation: t over the per-row mean differences."""
+    from scipy import stats
+    rng = np.random.default_rng(7)
+    for B in (2, 3, 8, 31, 40):
+        a, b = rng.normal(0.3, 1.0, (B, 4, 5)), rng.normal(0.0, 1.0, (B, 4, 5))
+        d = (a - b).reshape(B, -1).mean(-1)
+        lo, hi = stats.t.interval(0.95, B - 1, loc=d.mean(), scale=stats.sem(d))
+        got = F.paired(a, b)
+        tol = 1e-3 * (hi - lo) if B <= 31 else 0.02 * (hi - lo)   # beyond 30 df the table's 2.0 (exact: 2.02-2.04)
+        assert got["diff"] == pytest.approx(d.mean(), abs=1e-6)
+        assert got["ci95"][0] == pytest.approx(lo, abs=tol) and got["ci95"][1] == pytest.approx(hi, abs=tol)
+    assert F.paired(np.ones((1, 3)), np.zeros((1, 3))) == dict(diff=1.0, ci95=None)
+
+
+def test_standing_needs_every_rival_beaten_beyond_noise():
+    def v(a, n):
+        return dict(agreement=dict(diff=0, ci95=a), nll=dict(diff=0, ci95=n))
+    ahead, level, behind = v([0.01, 0.05], [-0.1, 0.02]), v([-0.01, 0.05], [-0.1, 0.02]), v([-0.05, -0.01], [0, 1])
+    assert F.standing({"streaming": ahead, "quest": ahead}) == "ahead"
+    assert F.standing({"streaming": ahead, "quest": level}) == "level"
+    assert F.standing({"streaming": ahead, "quest": behind}) == "behind"
+    assert F.standing({"streaming": v([0.01, 0.05], [0.01, 0.1])}) == "behind"   # better agreement, worse NLL
+    assert F.standing({"streaming": v([-0.02, 0.05], [-0.3, -0.1])}) == "ahead"  # NLL alone, agreement level
+    assert F.standing({"quest": v(None, None)}) is None
 
 
 def test_fidelity_bad_input():

@@ -219,19 +219,60 @@ def _one_length(params, cfg, toks, *, L, S, rounds, T, variants, head_t, head_d,
     rec, arr = np.stack(rec, 2), np.stack(arr, 2)                # [V, B, rounds]
     out = []
     dense_nll = float(nll[0].mean())
+    agree = (top1 == top1[:1]).astype(np.float64)                # [V, B, rounds, T]
     for v, (method, K, m) in enumerate(variants):
         inc = float(nll[v].mean()) - dense_nll
         out.append(dict(method=method, budget=K, m=m, positions=int(top1[v].size),
-                        agreement=round(float((top1[v] == top1[0]).mean()), 6), nll_dense=round(dense_nll, 6),
+                        agreement=round(float(agree[v].mean()), 6), nll_dense=round(dense_nll, 6),
                         nll_sparse=round(float(nll[v].mean()), 6), nll_increase=round(inc, 6),
                         nll_increase_frac=round(inc / dense_nll, 6) if dense_nll else None,
                         recovered=round(float(rec[v].mean()), 6),
                         arr=None if method == "quest" else round(float(arr[v].mean()), 6)))
+        if method == "dustin":   # against each baseline at the same budget, on the same positions
+            out[-1]["versus"] = {
+                rival: dict(agreement=paired(agree[v], agree[w]), nll=paired(nll[v], nll[w]))
+                for w, (rival, K2, _) in enumerate(variants) if K2 == K and rival in ("streaming", "quest")}
     return out
 
 
+# t_{0.975} quantiles for 1..30 degrees of freedom (beyond 30: 2.0, which covers every df >= 60 and is within 2%
+# of the exact value above 30)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def paired(a, b) -> dict:
+    """The mean of a - b over paired positions [B, ...] with a 95% interval that treats each row (prompt) as one
+    observation: positions of one text are not independent, rows are. Student's t over the B per-row mean
+    differences (B >= 2; with one row the interval is None).
+    Returns {"diff": mean, "ci95": [lo, hi] or None}."""
+    d = (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(np.shape(a)[0], -1).mean(-1)   # [B]
+    n = d.size
+    if n < 2:
+        return dict(diff=round(float(d.mean()), 6), ci95=None)
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 2.0) * d.std(ddof=1) / np.sqrt(n)
+    return dict(diff=round(float(d.mean()), 6), ci95=[round(float(d.mean() - half), 6),
+                                                      round(float(d.mean() + half), 6)])
+
+
+def standing(versus: dict) -> Optional[str]:
+    """'ahead' when, against every rival, Dustin is significantly better on agreement or NLL (the 95% interval
+    excludes 0 in its favour) and significantly worse on neither; 'behind' when it is significantly worse on
+    either against any rival; 'level' otherwise; None without intervals."""
+    better = worse = 0
+    for v in versus.values():
+        a, n = v["agreement"]["ci95"], v["nll"]["ci95"]
+        if a is None or n is None:
+            return None
+        worse += a[1] < 0 or n[0] > 0
+        better += a[0] > 0 or n[1] < 0
+    return "behind" if worse else "ahead" if versus and better == len(versus) else "level"
+
+
 def summarize(records: list) -> dict:
-    """Per L and budget: Dustin's agreement and NLL increase share, and whether it beats streaming and quest."""
+    """Per L and budget: Dustin's agreement and NLL increase share, whether it beats streaming and quest on both
+    point estimates (`beats`), and whether that holds beyond the prompts' noise (`standing`: ahead, level or
+    behind on paired 95% intervals over the rows)."""
     out = {}
     for r in records:
         if r["method"] != "dustin":
@@ -243,6 +284,8 @@ def summarize(records: list) -> dict:
         if rivals:
             out[f"dustin_beats_streaming_and_quest_L{L}_budget{K}"] = all(
                 r["agreement"] >= x["agreement"] and r["nll_increase"] <= x["nll_increase"] for x in rivals)
+        if r.get("versus"):
+            out[f"dustin_standing_L{L}_budget{K}"] = standing(r["versus"])
     return out
 
 
@@ -382,5 +425,6 @@ def run(a) -> int:
     for r in doc["records"]:
         if r["method"] != "dense":
             print(f"{r['L']:>6} {r['method']:<10} {r['budget']:>5} {r['agreement']:>7.4f} {r['nll_increase']:>8.4f} "
-                  f"{100 * r['nll_increase_frac']:>7.2f} {r['recovered']:>6.3f}")
+                  f"{100 * r['nll_increase_frac']:>7.2f} {r['recovered']:>6.3f}"
+                  + (f"  vs streaming/quest: {standing(r['versus'])}" if r.get("versus") else ""))
     return 0
