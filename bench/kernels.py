@@ -295,9 +295,9 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0):
             return sel.idx, sel.n_valid
         return select
 
-    def probe_fn(spec, n):
+    def probe_fn(spec, n, kernel=None):
         def probe(q_est, k_est, base):
-            p = sparse_verify._target_probe(spec, cfg, base)
+            p = sparse_verify._target_probe(spec, cfg, base, kernel=kernel, interpret=interpret)
             got = [p(l, q_est[l], k_est, None) for l in range(n)]
             return sum(got[1:], got[0])
         return probe
@@ -322,6 +322,7 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0):
         n = 1 + max(l for l, _ in hs)
         groups = len({(l, h // G) for l, h in hs})
         case["probe", hv] = (probe_fn(spec_of(budgets[0], hv), n), (q_est, k_est, base))
+        case["probe_kernel", hv] = (probe_fn(spec_of(budgets[0], hv), n, kernel=True), (q_est, k_est, base))
         case["meta"]["heads", hv] = dict(heads=hv, n_target_heads=len(hs), target_layers=n, target_groups=groups,
                                          probe_bytes=groups * B * S * H * 2)
     return case
@@ -348,12 +349,15 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
     meta = case["meta"]
     dense = run.measure("verify_dense", *case["dense"], bytes_moved=meta["kv_bytes"] + meta["qo_bytes"],
                         mem=kv_bytes, **shape)
-    probes = {}
+    probes, probe_kernels = {}, {}
     for hv in heads_variants:
         hm = meta["heads", hv]
-        probes[hv] = run.measure("verify_probe", *case["probe", hv], bytes_moved=hm["probe_bytes"], mem=0,
-                                 heads=hv, n_target_heads=hm["n_target_heads"], target_layers=hm["target_layers"],
-                                 target_groups=hm["target_groups"], **shape)
+        fields = dict(heads=hv, n_target_heads=hm["n_target_heads"], target_layers=hm["target_layers"],
+                      target_groups=hm["target_groups"], **shape)
+        probes[hv] = run.measure("verify_probe", *case["probe", hv], bytes_moved=hm["probe_bytes"], mem=0, **fields)
+        # the same probe through the Pallas kernel (dustin.PROBE_KERNEL, off until this measures it faster)
+        probe_kernels[hv] = run.measure("verify_probe_kernel", *case["probe_kernel", hv],
+                                        bytes_moved=hm["probe_bytes"], mem=0, **fields)
     for budget in budgets:
         sparse = run.measure("verify_sparse", *case["sparse", budget], bytes_moved=meta["gathered", budget], mem=0,
                              budget=budget, **shape)
@@ -361,18 +365,20 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
                              budget=budget, sink=meta["sink"], window=meta["window"], **shape)
         for hv in heads_variants:
             run.records.append(_dustin_record(dense, sparse, select, probes[hv], meta, meta["heads", hv],
-                                              budget=budget, **shape))
+                                              budget=budget, probe_kernel=probe_kernels[hv], **shape))
     del case
 
 
-def _dustin_record(dense, sparse, select, probe, meta, hm, **shape):
+def _dustin_record(dense, sparse, select, probe, meta, hm, probe_kernel=None, **shape):
     """The derived comparison; L = n_layers:
       estimation_ms = probe + select (both once per verification; timed apart, summed)
       speedup_per_layer          dense / (estimation + sparse): as if one layer carried the whole estimation
       attention_speedup_per_layer dense / sparse (no estimation)
       speedup_verification       L * dense / (estimation + L * sparse): the whole verification's attention
       estimation_frac            estimation / (L * dense): share of a dense verification's attention
-      estimation_frac_per_layer  estimation / dense"""
+      estimation_frac_per_layer  estimation / dense
+    and, where the probe's Pallas kernel was timed too, probe_kernel_ms and the two whole-verification figures
+    with it in place of the XLA probe (speedup_verification_probe_kernel, estimation_frac_probe_kernel)."""
     L = meta["n_layers"]
     rec = base_record(kernel="dustin_verify", dtype=jnp.dtype(DTYPE).name, heads=hm["heads"],
                       n_target_heads=hm["n_target_heads"], target_groups=hm["target_groups"], n_layers=L,
@@ -391,6 +397,11 @@ def _dustin_record(dense, sparse, select, probe, meta, hm, **shape):
                    dense_verification_ms=round(L * d, 4), dustin_verification_ms=round(est + L * s, 4),
                    speedup_verification=round(L * d / (est + L * s), 3),
                    estimation_frac=round(est / (L * d), 5), estimation_frac_per_layer=round(est / d, 4))
+        if probe_kernel and "time_ms" in probe_kernel:
+            est_k = probe_kernel["time_ms"] + select["time_ms"]
+            rec.update(probe_kernel_ms=probe_kernel["time_ms"],
+                       speedup_verification_probe_kernel=round(L * d / (est_k + L * s), 3),
+                       estimation_frac_probe_kernel=round(est_k / (L * d), 5))
     _log(f"{'dustin_verify':28s} {_fields(shape)} heads={hm['heads']} -> "
          + (f"x{rec['speedup_verification']} per verification, est {100 * rec['estimation_frac']:.2f}%"
             if "error" not in rec else rec["error"][:160]))
@@ -437,7 +448,10 @@ def verify_summary(records, model, B, S, budget=512, heads=SUMMARY_HEADS) -> dic
             "verify_attention_speedup_by": {f"budget={x['budget']} heads={x['heads']}": x["speedup_verification"]
                                             for x in rows},
             "estimation_overhead_frac_by_heads": {x["heads"]: x["estimation_frac"] for x in rows
-                                                  if x["budget"] == budget}}
+                                                  if x["budget"] == budget},
+            # the same two figures with the probe's Pallas kernel (None where it was not timed)
+            "verify_attention_speedup_probe_kernel": r.get("speedup_verification_probe_kernel"),
+            "estimation_overhead_frac_probe_kernel": r.get("estimation_frac_probe_kernel")}
 
 
 def summarize(records, copy_gbps):

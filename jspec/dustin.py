@@ -287,7 +287,12 @@ def _logsumexp(s):
     return (m + jnp.log(total))[..., None]
 
 
-def head_weights(q, k, lengths, heads):
+# The Pallas kernel for `head_weights` (pallas_kernels/head_weights.py): off until it is measured against this
+# XLA version on a GPU (`bench/kernels.py --only verify` times both; docs/performance.md, Dustin).
+PROBE_KERNEL = False
+
+
+def head_weights(q, k, lengths, heads, *, layer=None, kernel: Optional[bool] = None, interpret: bool = False):
     """A signal from a few heads: sum over the rows and the chosen q-heads of softmax(q.k / sqrt(H)) over the
     valid positions; the target-historical A_T (verification rows over the prefix) and LongSpec's A_D (the
     drafter's cross-attention over the target's last layer). Equals `softmax_weights(q, k, lengths)[:, heads]`
@@ -296,11 +301,22 @@ def head_weights(q, k, lengths, heads):
     scores.
 
     Args:
-      q: [B, R, N, H] query rows; k: [B, S, K, H] one layer's keys; lengths: int32[B] valid positions.
+      q: [B, R, N, H] query rows; k: [B, S, K, H] one layer's keys, or the stacked [L, B, S, K, H] cache with
+        `layer` (read in place by the kernel); lengths: int32[B] valid positions.
       heads: static tuple of q-head indices.
+      kernel: the Pallas kernel (None: `PROBE_KERNEL`), falling back to this XLA version where it cannot run
+        (a CPU backend without `interpret`, an unsupported shape).
     Returns:
       f32[B, S] (0 at positions >= lengths; all 0 where lengths == 0).
     """
+    if PROBE_KERNEL if kernel is None else kernel:
+        from pallas_kernels.head_weights import head_weights_kernel
+        try:
+            return head_weights_kernel(q, k, lengths, tuple(heads), layer=layer, interpret=interpret)
+        except NotImplementedError:
+            pass
+    if layer is not None:
+        k = k[layer]
     B, R, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     dtype = jnp.promote_types(q.dtype, k.dtype)

@@ -157,9 +157,9 @@ def cross_probe(spec, cfg, cache, live=None):
     return lambda q: dustin.head_weights(q, cache.k[cfg.n_layers - 1], kv_len, hs)
 
 
-def _target_probe(spec, cfg, base):
+def _target_probe(spec, cfg, base, kernel=None, interpret=False):
     """A_T from a verification forward: rows 0 and T - 1 of the verified block on the target heads, softmax over
-    the prefix [0, base)."""
+    the prefix [0, base) of the layer's keys, read in the stacked cache (kernel: `dustin.head_weights`')."""
     if not uses_target(spec):
         return None
     target, _ = heads(spec, cfg)
@@ -168,7 +168,7 @@ def _target_probe(spec, cfg, base):
         if layer not in target:
             return None
         rows = q[:, jnp.asarray(sorted({0, q.shape[1] - 1}))]
-        return dustin.head_weights(rows, k_all[layer], base, target[layer])
+        return dustin.head_weights(rows, k_all, base, target[layer], layer=layer, kernel=kernel, interpret=interpret)
 
     return probe
 
