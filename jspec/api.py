@@ -270,6 +270,10 @@ def _longspec_spec(model: Model, spec, drafter, *, tuned_for: int, keep_shape: b
     return spec, d.params
 
 
+# Shared SpecConfig knobs that size the sparse drafts of streaming / quest / vegas (longspec takes none).
+DRAFT_BUDGET_KNOBS = ("budget", "ratio", "min_tokens", "max_tokens")
+
+
 def spec_config(method: Optional[str] = None, config=None, *, model_cfg: Optional[ModelConfig] = None,
                 **knobs) -> Optional[speculative.SpecConfig]:
     """The SpecConfig `generate` runs (None for plain "ar" decoding).
@@ -299,7 +303,7 @@ def spec_config(method: Optional[str] = None, config=None, *, model_cfg: Optiona
         if given or {k: v for k, v in vknobs.items() if (k, v) != ("verify", "dense")}:
             raise InputError(f"options {sorted({**given, **vknobs})} only apply to speculative methods, not 'ar'")
         return None
-    unused = sorted(k for k in given if k in ("budget", "ratio", "min_tokens", "max_tokens"))
+    unused = sorted(k for k in given if k in DRAFT_BUDGET_KNOBS)
     if method == "longspec" and unused:   # they size the sparse drafts; the trained drafter would ignore them
         raise InputError(f"options {unused} only apply to the sparse drafts of streaming, quest and vegas; "
                          f"longspec drafts with its trained drafter and takes no draft budget")

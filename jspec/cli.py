@@ -11,6 +11,11 @@ _KNOB_FLAGS = ("gamma", "budget", "ratio", "sink", "page_size", "min_tokens", "m
                "mode", "topk", "select_page", "lookup", "tree_widths")
 
 
+def _flag(knob: str) -> str:
+    """The `jspec generate` flag of a SpecConfig / Verify keyword (tree_widths: --widths)."""
+    return f"--{'widths' if knob == 'tree_widths' else knob.replace('_', '-')}"
+
+
 def cmd_fetch(*, model: str = "smollm2-135m", progress: bool = True) -> str:
     from jspec import checkpoints
     path = checkpoints.resolve(model, progress=progress)
@@ -62,18 +67,17 @@ def cmd_generate(*, model: str = "smollm2-135m", method=None, prompt=None, promp
         given = {**knobs, **vknobs}
         foreign = re.fullmatch(r"(\w+) is an? (\w+) option; method '(\w+)' takes (.*)", str(e))
         if foreign and foreign[1] in knobs:   # another method's flag: say it as flags, as the user wrote it
-            flag = lambda k: f"--{'widths' if k == 'tree_widths' else k.replace('_', '-')}"   # noqa: E731
-            takes = [flag(k) for k in foreign[4].split(", ") if k in _KNOB_FLAGS]
-            raise jspec.InputError(f"{flag(foreign[1])} is a {foreign[2]} option; --method {foreign[3]} takes "
+            takes = [_flag(k) for k in foreign[4].split(", ") if k in _KNOB_FLAGS]
+            raise jspec.InputError(f"{_flag(foreign[1])} is a {foreign[2]} option; --method {foreign[3]} takes "
                                    + (", ".join(takes) if takes else "none of the method flags")) from None
         if "only apply to" in str(e):   # name the flags, not the keywords
             from jspec.speculative.config import METHODS
             dense = "only apply to a sparse verification" in str(e)
             drafts = "only apply to the sparse drafts" in str(e)
             named = (sorted(k for k in vknobs if k != "verify") if dense else
-                     sorted(k for k in knobs if k in ("budget", "ratio", "min_tokens", "max_tokens")) if drafts else
+                     sorted(k for k in knobs if k in jspec.api.DRAFT_BUDGET_KNOBS) if drafts else
                      sorted(given))
-            flags = ", ".join(f"--{'widths' if k == 'tree_widths' else k.replace('_', '-')}" for k in named)
+            flags = ", ".join(_flag(k) for k in named)
             verb = f"appl{'ies' if len(named) == 1 else 'y'}"
             if drafts:
                 raise jspec.InputError(f"{flags} only {verb} to the sparse drafts of streaming, quest and vegas; "

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jspec.errors import InputError
+from pallas_kernels.head_weights import head_weights_kernel, kv_groups
 
 
 def _check(budget, sink, window, m, page):
@@ -265,15 +266,6 @@ def softmax_weights(q, k, lengths):
     return e / jnp.where(den > 0, den, 1.0)
 
 
-def _by_group(heads, n_heads: int, n_kv: int) -> dict:
-    """{kv head: (q heads reading it, in order)} for static q-head indices (GQA: head n reads kv n // G)."""
-    G = n_heads // n_kv
-    groups = {}
-    for n in heads:
-        groups.setdefault(n // G, []).append(n)
-    return {g: tuple(ns) for g, ns in sorted(groups.items())}
-
-
 def _logsumexp(s):
     """log(sum(exp(s))) over the last axis in one reduction (a running max and the sum rescaled to it, as flash
     attention keeps them); -inf where every entry is -inf."""
@@ -310,7 +302,6 @@ def head_weights(q, k, lengths, heads, *, layer=None, kernel: Optional[bool] = N
       f32[B, S] (0 at positions >= lengths; all 0 where lengths == 0).
     """
     if PROBE_KERNEL if kernel is None else kernel:
-        from pallas_kernels.head_weights import head_weights_kernel
         try:
             return head_weights_kernel(q, k, lengths, tuple(heads), layer=layer, interpret=interpret)
         except NotImplementedError:
@@ -322,7 +313,7 @@ def head_weights(q, k, lengths, heads, *, layer=None, kernel: Optional[bool] = N
     dtype = jnp.promote_types(q.dtype, k.dtype)
     valid = (jnp.arange(S)[None] < jnp.asarray(lengths, jnp.int32)[:, None])[:, None, None, :]   # [B, 1, 1, S]
     out = jnp.zeros((B, S), jnp.float32)
-    for g, ns in _by_group(heads, N, K).items():   # one small einsum per KV group: its keys are read once
+    for g, ns in kv_groups(heads, N, K):   # one small einsum per KV group: its keys are read once
         qg = q[:, :, jnp.asarray(ns)].astype(dtype)                                      # [B, R, n, H]
         s = jnp.einsum("brnh,bsh->bnrs", qg, k[:, :, g].astype(dtype), preferred_element_type=jnp.float32)
         s = jnp.where(valid, s * H ** -0.5, -jnp.inf)
@@ -348,7 +339,7 @@ def selected_weights(q, k, idx, n_valid, own, heads):
     pos = jnp.concatenate([idx, own[:, None]], axis=1)                                  # [B, M + 1]
     ok = (jnp.arange(M + 1)[None] < n_valid[:, None]) | (jnp.arange(M + 1)[None] == M)
     per_pos = jnp.zeros((B, M + 1), jnp.float32)
-    for g, ns in _by_group(heads, N, K).items():
+    for g, ns in kv_groups(heads, N, K):
         kg = jnp.take_along_axis(k[:, :, g], pos[:, :, None], axis=1).astype(jnp.float32)     # [B, M + 1, H]
         s = jnp.einsum("bnh,bmh->bnm", q[:, 0, jnp.asarray(ns)].astype(jnp.float32), kg) * H ** -0.5
         s = jnp.where(ok[:, None], s, -jnp.inf)

@@ -27,13 +27,13 @@ from jax.experimental import pallas as pl
 from . import _common as C
 
 
-def _groups(heads, N: int, K: int) -> tuple:
-    """((kv group, (q heads reading it, in order)), ...) for static q-head indices (GQA: head n reads n // G)."""
+def kv_groups(heads, N: int, K: int) -> tuple:
+    """((kv group, (q heads reading it, in the given order)), ...) by ascending group, for static q-head indices
+    (GQA: head n reads KV head n // (N // K))."""
     G = N // K
     out = {}
     for n in heads:
-        if n not in out.setdefault(n // G, []):
-            out[n // G].append(n)
+        out.setdefault(n // G, []).append(n)
     return tuple((g, tuple(ns)) for g, ns in sorted(out.items()))
 
 
@@ -78,7 +78,7 @@ def head_weights_kernel(q, k, lengths, heads, *, layer=None, block_k=128, num_sp
     S, K = C.layer_shape(k, layer)[1], C.layer_shape(k, layer)[2]
     if H not in C.SUPPORTED_HEAD_DIMS or k.dtype not in C.SUPPORTED_DTYPES or N % K or S % 16:
         raise NotImplementedError(f"head_weights kernel: {H=}, {k.dtype=}, {N=} % {K=}, {S=} % 16")
-    groups = _groups(heads, N, K)
+    groups = kv_groups(heads, N, K)
     if not groups:
         return jnp.zeros((B, S), jnp.float32)
     block_k = min(block_k, C.prev_pow2(S))
