@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The test suite (CPU; Pallas kernels in interpret mode). With arguments: one pytest run with them.
-# Without: one pytest process per test file. A single process that compiles the whole suite's programs
-# (hundreds of XLA CPU executables) crashed once with a segfault inside XLA's compiler, ~300 tests in,
-# while the same file passed on its own; separate processes bound what one process accumulates.
+# Without: one pytest process per test file, JSPEC_TEST_JOBS of them at a time (default: the CPU count, at most
+# 4 and one per ~5 GB of available memory). A single process that compiles the whole suite's programs (hundreds
+# of XLA CPU executables) crashed once with a segfault inside XLA's compiler, ~300 tests in, while the same file
+# passed on its own; separate processes bound what one process accumulates. Two at a time on 2 cores: most of a
+# file's time is single-threaded XLA compilation, so the second core would otherwise sit idle.
+# Each file's output is printed whole when it ends ("== file (exit N, S s)").
 # Exit: 0 if every file passed, 1 if any failed, 5 if no file collected a test (pytest's code).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +13,44 @@ bash scripts/setup.sh || exit 1
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
-failed=() collected=0
+
+jobs=${JSPEC_TEST_JOBS:-}
+if [ -z "$jobs" ]; then
+  mem_gb=$(awk '/MemAvailable/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 8)
+  jobs=$(nproc 2>/dev/null || echo 1)
+  [ "$jobs" -gt 4 ] && jobs=4
+  [ "$jobs" -gt $((mem_gb / 5)) ] && jobs=$((mem_gb / 5))
+  [ "$jobs" -lt 1 ] && jobs=1
+fi
+# The real model is converted once here, not by two test processes at the same time.
+.venv/bin/python -c "from jspec.checkpoints import fetch_default; fetch_default(progress=False)" >/dev/null 2>&1 ||
+  echo "test.sh: could not stage the default model; the tests that need it will say why" >&2
+
+# Files that take minutes start first (a hint for balance only; every tests/test_*.py runs).
+first="longspec speculative_smollm2 api dustin_verify speculative serve model bench exact tune"
+files=()
+for n in $first; do [ -f "tests/test_$n.py" ] && files+=("tests/test_$n.py"); done
 for f in tests/test_*.py; do
-  echo "== $f"
-  .venv/bin/python -m pytest -q "$f"
+  case " ${files[*]} " in *" $f "*) ;; *) files+=("$f") ;; esac
+done
+
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+run_one() {  # run_one FILE: pytest on one file; its log printed whole (under a lock), its exit code kept
+  local f=$1 log="$results/$(basename "$1").log" t0=$SECONDS rc
+  .venv/bin/python -m pytest -q "$f" >"$log" 2>&1
   rc=$?
+  echo "$rc" >"$results/$(basename "$f").rc"
+  flock "$results/.print" bash -c 'echo "== $1 (exit $2, $3 s)"; cat "$4"' _ "$f" "$rc" "$((SECONDS - t0))" "$log"
+}
+export -f run_one
+export results
+echo "test.sh: ${#files[@]} test files, $jobs at a time"
+printf '%s\n' "${files[@]}" | xargs -P "$jobs" -I{} bash -c 'run_one "$1"' _ {}
+
+failed=() collected=0
+for f in "${files[@]}"; do
+  rc=$(cat "$results/$(basename "$f").rc" 2>/dev/null || echo missing)
   case "$rc" in
     0) collected=1 ;;
     5) ;;                                   # this file collected nothing (e.g. all skipped by marker)
