@@ -9,8 +9,9 @@ positions) before its GEMM. Here one pass reads only those groups' keys, in plac
 splits of the keys); a program holds its group's query rows (the chosen heads of that group x the R rows,
 packed and padded to a 16-row tile), writes the raw logits of its key blocks and keeps each row's running max
 and sum of exponentials. A small XLA epilogue merges the splits into each row's log-sum-exp and sums
-exp(logit - lse) over the rows that are real. Writes: the padded logits tile, [B, groups, rows, S] float32,
-about an eighth of the keys' bytes at head_dim 128 and one head per group.
+exp(logit - lse) over the rows that are real. Writes: the logits of the rows that can be real (the most any group
+has, rounded up to a power of two; the dot's tile is 16 rows), [B, groups, Ro, S] float32: 1/32 of the keys'
+bytes at head_dim 128, one head per group and 2 rows (the whole 16-row tile was 1/4).
 
 Supported: head_dim 64 or 128, bf16 / f16 / f32 (q is cast to the cache's dtype; logits accumulate in f32),
 S a multiple of 16. Elsewhere NotImplementedError (the caller falls back to the XLA version).
@@ -41,9 +42,11 @@ def _probe_kernel(layer_ref, kv_len_ref, group_ref, q_ref, k_ref, s_ref, m_ref, 
                   sm_scale):
     """layer_ref, kv_len_ref, group_ref: [] int32 (the KV group this program reads); q_ref [Rp, H];
     k_ref [L, S, K, H] (one sequence, every group, read at layer_ref and group_ref in place);
-    outputs s_ref [Rp, S] logits (this split's key blocks only), m_ref / l_ref [Rp] this split's running max and
-    sum of exp(logit - max)."""
+    outputs s_ref [Ro, S] the logits of the first Ro (<= Rp) query rows, those that can be real (this split's
+    key blocks only), m_ref / l_ref [Rp] this split's running max and sum of exp(logit - max)."""
     rows = q_ref.shape[0]
+    out_rows = s_ref.shape[0]
+    rid = jnp.arange(rows)[:, None]
     S = k_ref.shape[1]
     layer, kv_len, g = layer_ref[()], kv_len_ref[()], group_ref[()]
     split = pl.program_id(2)
@@ -57,7 +60,11 @@ def _probe_kernel(layer_ref, kv_len_ref, group_ref, q_ref, k_ref, s_ref, m_ref, 
         k = k_ref[layer, pl.ds(start, block_k), g, :]
         s = C.dot_nt(q, k) * sm_scale
         s = jnp.where((start + jnp.arange(block_k) < kv_len)[None, :], s, -jnp.inf)
-        s_ref[:, pl.ds(start, block_k)] = s
+        if out_rows == rows:
+            s_ref[:, pl.ds(start, block_k)] = s
+        else:   # only the rows that can be real: the dot's 16-row tile is mostly padding (one head, 2 rows)
+            for j in range(out_rows):
+                s_ref[j, pl.ds(start, block_k)] = jnp.max(jnp.where(rid == j, s, -jnp.inf), axis=0)
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
         l_new = l_prev * jnp.exp(m_prev - m_new) + jnp.sum(jnp.exp(s - m_new[:, None]), axis=1)
         return m_new, l_new
@@ -85,6 +92,7 @@ def head_weights_kernel(q, k, lengths, heads, *, layer=None, block_k=128, num_sp
     while S % block_k:
         block_k //= 2
     rows = max(16, C.next_pow2(R * max(len(ns) for _, ns in groups)))
+    out_rows = C.next_pow2(R * max(len(ns) for _, ns in groups))   # logits written for these rows only
     # [B, groups, rows, H]: group gi's rows are (row r, head j) at r * n_gi + j, then zero padding
     qp = jnp.stack([jnp.pad(q[:, :, jnp.asarray(ns)].reshape(B, R * len(ns), H),
                             ((0, 0), (0, rows - R * len(ns)), (0, 0))) for _, ns in groups], axis=1).astype(k.dtype)
@@ -106,12 +114,12 @@ def head_weights_kernel(q, k, lengths, heads, *, layer=None, block_k=128, num_sp
             pl.BlockSpec((L, None, S, K, H), lambda b, g, p: (0, b, 0, 0, 0)),
         ],
         out_specs=[
-            pl.BlockSpec((None, None, rows, S), lambda b, g, p: (b, g, 0, 0)),
+            pl.BlockSpec((None, None, out_rows, S), lambda b, g, p: (b, g, 0, 0)),
             pl.BlockSpec((None, None, None, rows), lambda b, g, p: (b, g, p, 0)),
             pl.BlockSpec((None, None, None, rows), lambda b, g, p: (b, g, p, 0)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((B, nG, rows, S), jnp.float32),
+            jax.ShapeDtypeStruct((B, nG, out_rows, S), jnp.float32),
             jax.ShapeDtypeStruct((B, nG, splits, rows), jnp.float32),
             jax.ShapeDtypeStruct((B, nG, splits, rows), jnp.float32),
         ],
@@ -122,7 +130,8 @@ def head_weights_kernel(q, k, lengths, heads, *, layer=None, block_k=128, num_sp
     # Each row's log-sum-exp over the splits; a split that saw no key has l = 0 (log -> -inf, weight 0).
     mx = jnp.max(m, axis=2, keepdims=True)
     lse = mx[:, :, 0] + jnp.log(jnp.sum(l * jnp.exp(m - mx), axis=2))                         # [B, nG, rows]
-    real = jnp.arange(rows)[None, :] < jnp.asarray(n_real)[:, None]                              # [nG, rows]
+    lse = lse[:, :, :out_rows]
+    real = jnp.arange(out_rows)[None, :] < jnp.asarray(n_real)[:, None]                          # [nG, Ro]
     valid = jnp.arange(S)[None, :] < jnp.asarray(lengths, jnp.int32)[:, None]                    # [B, S]
     keep = real[None, :, :, None] & valid[:, None, None, :] & jnp.isfinite(lse)[..., None]
     return jnp.where(keep, jnp.exp(s - lse[..., None]), 0.0).sum(axis=(1, 2))

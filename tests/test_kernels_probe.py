@@ -73,3 +73,15 @@ def test_unsupported_shapes_fall_back_to_xla():
     k = jnp.nan_to_num(k)
     np.testing.assert_allclose(np.asarray(dustin.head_weights(q, k, lengths, (0,), kernel=True, interpret=True)),
                                np.asarray(dustin.head_weights(q, k, lengths, (0,), kernel=False)), rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
+@pytest.mark.parametrize("N,K,H,heads", [(9, 3, 64, (0, 4, 5)), (32, 8, 128, (3, 17)), (32, 8, 128, tuple(range(32)))])
+def test_lowers_to_triton_at_model_shapes(N, K, H, heads):
+    """SmolLM2-135M and Llama-3-8B shapes, from the stacked cache: one Triton kernel (the per-row logits stores
+    included; interpret mode would accept ops Triton has no rule for)."""
+    from _kernel_utils import lower_for_h200, triton_calls
+    sd = jax.ShapeDtypeStruct
+    hlo = lower_for_h200(head_weights_kernel, sd((2, 2, N, H), jnp.bfloat16), sd((3, 2, 8192, K, H), jnp.bfloat16),
+                         sd((2,), jnp.int32), heads=heads, layer=1)
+    assert triton_calls(hlo, "head_weights") == 1
