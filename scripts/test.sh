@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The test suite (CPU; Pallas kernels in interpret mode). With arguments: one pytest run with them.
-# Without: one pytest process per test file, JSPEC_TEST_JOBS of them at a time (default: the CPU count, at most
-# 4 and one per ~5 GB of available memory). A single process that compiles the whole suite's programs (hundreds
-# of XLA CPU executables) crashed once with a segfault inside XLA's compiler, ~300 tests in, while the same file
-# passed on its own; separate processes bound what one process accumulates. Two at a time on 2 cores: most of a
-# file's time is single-threaded XLA compilation, so the second core would otherwise sit idle.
+# Without: one pytest process per test file, JSPEC_TEST_JOBS of them at a time (default: one per 4 CPUs, at
+# most 4, one per ~5 GB of available memory; so one at a time on 2 cores, where two at a time each ran 2.1-2.3x
+# longer: XLA's compiler and CPU runtime use both cores). A single process that compiles the whole suite's
+# programs (hundreds of XLA CPU executables) crashed once with a segfault inside XLA's compiler, ~300 tests in,
+# while the same file passed on its own; separate processes bound what one process accumulates.
 # Each file's output is printed whole when it ends ("== file (exit N, S s)").
 # Exit: 0 if every file passed, 1 if any failed, 5 if no file collected a test (pytest's code).
 set -uo pipefail
@@ -17,7 +17,7 @@ fi
 jobs=${JSPEC_TEST_JOBS:-}
 if [ -z "$jobs" ]; then
   mem_gb=$(awk '/MemAvailable/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 8)
-  jobs=$(nproc 2>/dev/null || echo 1)
+  jobs=$(( $(nproc 2>/dev/null || echo 1) / 4 ))
   [ "$jobs" -gt 4 ] && jobs=4
   [ "$jobs" -gt $((mem_gb / 5)) ] && jobs=$((mem_gb / 5))
   [ "$jobs" -lt 1 ] && jobs=1
