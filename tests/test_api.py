@@ -99,21 +99,32 @@ def test_generate_longspec_with_the_bundled_drafter(smollm2_ckpt):
     assert lk.stats.accept_hist[4:] and sum(lk.stats.accept_hist[4:]) >= 1, lk.stats.accept_hist  # past depth 3
 
 
-def test_cli_lookup_flag(smollm2_ckpt, capsys):
-    """--lookup N reaches LongSpec's and vegas' configs; with plain decoding it is a clear error."""
-    rc = cli.main(["generate", "--model", smollm2_ckpt, "--method", "longspec", "--lookup", "4", "--prompt",
-                   "one two three one two three one two", "--max-new-tokens", "6", "--json"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["stats"]["knobs"]["lookup"] == 4 and out["stats"]["method"] == "longspec"
-    rc = cli.main(["generate", "--model", smollm2_ckpt, "--method", "vegas", "--lookup", "3", "--prompt",
-                   "one two three one two three one two", "--max-new-tokens", "6", "--json"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["stats"]["knobs"]["lookup"] == 3 and out["stats"]["method"] == "vegas"
+def test_cli_lookup_flag(smollm2_ckpt, capsys, monkeypatch):
+    """--lookup N reaches `generate` and the SpecConfig it runs, for LongSpec and vegas (that generate records it
+    in Stats.knobs is test_generate_longspec_with_the_bundled_drafter's); with plain decoding it is a clear
+    error. `generate` is replaced by a recorder: what it does with the knobs is tested through the API."""
+    class Called(Exception):
+        pass
+
+    calls = []
+
+    def record(model, prompts, **kw):
+        calls.append(kw)
+        raise Called
+
+    monkeypatch.setattr(jspec, "generate", record)
+    for method, n in (("longspec", 4), ("vegas", 3)):
+        with pytest.raises(Called):
+            cli.main(["generate", "--model", smollm2_ckpt, "--method", method, "--lookup", str(n), "--prompt",
+                      "one two three one two three one two", "--max-new-tokens", "6", "--json"])
+        kw = calls[-1]
+        assert kw["method"] == method and kw["lookup"] == n, kw
+        spec = jspec.api.spec_config(kw["method"], kw["config"], lookup=kw["lookup"])
+        assert spec.method == method and spec.lookup == n
     rc = cli.main(["generate", "--model", smollm2_ckpt, "--prompt", "hi", "--lookup", "4"])
     err = capsys.readouterr().err
     assert rc == 2 and "--lookup" in err and "Traceback" not in err, err
+    assert len(calls) == 2
 
 
 def test_longspec_drafter_errors(smol, tmp_path, capsys):
