@@ -36,8 +36,10 @@ of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.
                  branches, A_D (the drafts' own forwards produce it) and the rest of the layer (projections,
                  MLP). `--tiny` runs only this section on N=4, K=2, H=64, B=2, S=512 (interpret mode on CPU).
 Every timing: jit compiled (AOT) outside the timed region, 2 warm-up calls, then the median over `reps`
-samples of back-to-back calls (enough per sample to last >= 5 ms, so launch overhead is amortised as
-it is in a real decode step). Each measurement is guarded: a failure becomes a record with "error".
+samples of back-to-back calls (enough per sample to last >= 5 ms). A jitted call costs tens of microseconds
+of host dispatch, more than a small kernel's device time, so the verify section runs VERIFY_CALLS independent
+instances of each part in one program and reports the time per instance (as the 32 layers of a verification
+run in one program). Each measurement is guarded: a failure becomes a record with "error".
 """
 from __future__ import annotations
 
@@ -92,15 +94,19 @@ class Runner:
         self.deadline = time.time() + time_budget_s
         self.records: list[dict] = []
 
-    def measure(self, kernel: str, fn, args, *, bytes_moved: float, mem: float, **fields) -> dict:
+    def measure(self, kernel: str, fn, args, *, bytes_moved: float, mem: float, calls: int = 1, **fields) -> dict:
+        """Time fn(*args); `calls` > 1: fn runs that many independent instances in one program (the time and
+        bandwidth are per instance; bytes_moved is one instance's)."""
         rec = base_record(kernel=kernel, dtype=jnp.dtype(DTYPE).name, **fields)
+        if calls > 1:
+            rec["calls_per_program"] = calls
         if mem > MEM_LIMIT:
             rec["skipped"] = f"needs ~{mem / 1e9:.0f} GB > {MEM_LIMIT / 1e9:.0f} GB"
         elif time.time() > self.deadline:
             rec["skipped"] = "time budget exhausted"
         else:
             try:
-                sec = time_fn(fn, args, self.reps)
+                sec = time_fn(fn, args, self.reps) / calls
                 rec.update(time_ms=round(sec * 1e3, 4), gbps=round(bytes_moved / sec / 1e9, 1),
                            bytes=int(bytes_moved), hbm_frac=round(bytes_moved / sec / HBM_BYTES_PER_S, 3))
             except Exception as e:  # one failure must not end the run
@@ -220,6 +226,11 @@ VERIFY_SHAPES = {**MODELS, "tiny": (4, 2, 64)}                     # N, K, H ("t
 VERIFY_LAYERS = {"smollm2-135m": 30, "llama-3-8b": 32, "tiny": 4}   # n_layers: one verification's attention
 VERIFY_T = 5                                                       # a chain of gamma = 4 drafts + the bonus row
 VERIFY_HEADS = ("srh4", "srh10", "default")
+# Instances of each part per timed program. A verification runs its 32 layers' attention in one program, so no
+# per-call host dispatch stands between them; timed one jitted call at a time, the sparse attention (~20 us of
+# device time) measured ~60 us (kernels_verify_probe_h100.json), most of it host dispatch. Each instance reads
+# memory of its own (its own queries; its own selection and signals), so none is served from L2.
+VERIFY_CALLS = 8
 SUMMARY_HEADS = "srh4"
 
 
@@ -242,7 +253,16 @@ def verify_heads(variant: str, N: int, K: int, n_layers: int) -> tuple:
     return tuple((l, g * G) for l in range(n_layers_used) for g in groups)
 
 
-def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0):
+def _calls(fn, n_varied: int):
+    """fn over C independent instances in one program: its first n_varied arguments carry a leading axis of C
+    (each instance's own inputs), the rest are shared. Returns the C results as a list."""
+    def many(*args):
+        varied, shared = args[:n_varied], args[n_varied:]
+        return [fn(*(a[c] for a in varied), *shared) for c in range(varied[0].shape[0])]
+    return many
+
+
+def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls=1):
     """One verification's attention at (model, B, S) as jspec runs it, through the same entries:
     {part: (fn, args)} with parts
       "dense"             `jspec.attention.full`: T = 5 rows over the whole cache (bottom-right causal), one layer
@@ -259,7 +279,11 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0):
     Cache: bf16 [1, B, S, K, H] (layer 0 of a stacked cache, read in place as the model reads it), every sequence
     at kv_len = S with the T verified tokens in its last slots (prefix base = S - T); the probes read a stack of
     their own target layers' keys. `Verify` defaults otherwise (sink 4, window 64, tier 1 = half the free
-    slots, page 1). "meta": sizes for the records, "idx": each budget's selection (idx, n_valid)."""
+    slots, page 1). "meta": sizes for the records, "idx": each budget's selection (idx, n_valid).
+    calls > 1: each part's fn runs `calls` independent instances (`_calls`) and its varying arguments (queries,
+    signals, selections: drawn per instance) carry a leading axis of that size; "idx" holds the stacked
+    selections. The arguments are ordered varying first: dense (q, k_all, v_all, kv_len), sparse (q, idx,
+    n_valid, k_all, v_all, kv_len), select (a_d, a_t, base), probe (q_est, k_est, base)."""
     from types import SimpleNamespace
 
     from jspec import attention
@@ -277,12 +301,16 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0):
     k_all, v_all = k[None], v[None]
     draw = jax.jit(jax.vmap(lambda kk: jax.random.normal(kk, (S, K, H), DTYPE)))
     k_est = jnp.stack([draw(jax.random.split(kk, B)) for kk in jax.random.split(keys[1], n_est)])
-    q = jax.random.normal(keys[2], (B, T, N, H), DTYPE)
-    q_est = jax.random.normal(keys[3], (n_est, B, T, N, H), DTYPE)   # each target layer's own queries
+    lead = (calls,) if calls > 1 else ()
+    q = jax.random.normal(keys[2], lead + (B, T, N, H), DTYPE)
+    q_est = jax.random.normal(keys[3], lead + (n_est, B, T, N, H), DTYPE)   # each target layer's own queries
     kv_len = jnp.full((B,), S, jnp.int32)
     base = kv_len - T
-    a_d = jax.random.uniform(keys[4], (B, S), jnp.float32)
-    a_t = jax.random.uniform(keys[5], (B, S), jnp.float32)
+    a_d = jax.random.uniform(keys[4], lead + (B, S), jnp.float32)
+    a_t = jax.random.uniform(keys[5], lead + (B, S), jnp.float32)
+
+    def part(fn, n_varied):
+        return _calls(fn, n_varied) if calls > 1 else fn
 
     def spec_of(budget, hv=None):
         return SpecConfig(method="vegas", gamma=T - 1, verify=Verify(
@@ -305,34 +333,37 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0):
     def dense(q, k_all, v_all, kv_len):
         return attention.full(q, k_all, v_all, 0, kv_len, impl=impl)[0]
 
-    def sparse(q, k_all, v_all, kv_len, idx, n_valid):
+    def sparse(q, idx, n_valid, k_all, v_all, kv_len):
         return attention.sparse(q, k_all, v_all, 0, kv_len, idx, n_valid, impl=impl)
 
     v0 = spec_of(budgets[0]).verify
-    case = dict(dense=(dense, (q, k_all, v_all, kv_len)), idx={},
+    case = dict(dense=(part(dense, 1), (q, k_all, v_all, kv_len)), idx={},
                 meta=dict(N=N, K=K, H=H, T=T, n_layers=n_layers, sink=v0.sink, window=v0.window,
                           kv_bytes=2 * B * S * K * H * 2, qo_bytes=2 * B * T * N * H * 2, select_bytes=2 * B * S * 4))
     for budget in budgets:
-        select = select_fn(spec_of(budget))
-        idx, n_valid = case["idx"][budget] = jax.jit(select)(a_d, a_t, base)
+        select = part(select_fn(spec_of(budget)), 2)
+        got = jax.jit(select)(a_d, a_t, base)
+        if calls > 1:
+            got = tuple(jnp.stack(x) for x in zip(*got))
+        idx, n_valid = case["idx"][budget] = got
         case["select", budget] = (select, (a_d, a_t, base))
-        case["sparse", budget] = (sparse, (q, k_all, v_all, kv_len, idx, n_valid))
+        case["sparse", budget] = (part(sparse, 3), (q, idx, n_valid, k_all, v_all, kv_len))
         case["meta"]["gathered", budget] = 2 * B * (budget + T) * K * H * 2 + 2 * B * T * N * H * 2
     for hv, hs in heads.items():
         n = 1 + max(l for l, _ in hs)
         groups = len({(l, h // G) for l, h in hs})
-        case["probe", hv] = (probe_fn(spec_of(budgets[0], hv), n), (q_est, k_est, base))
-        case["probe_kernel", hv] = (probe_fn(spec_of(budgets[0], hv), n, kernel=True), (q_est, k_est, base))
+        case["probe", hv] = (part(probe_fn(spec_of(budgets[0], hv), n), 1), (q_est, k_est, base))
+        case["probe_kernel", hv] = (part(probe_fn(spec_of(budgets[0], hv), n, kernel=True), 1), (q_est, k_est, base))
         case["meta"]["heads", hv] = dict(heads=hv, n_target_heads=len(hs), target_layers=n, target_groups=groups,
                                          probe_bytes=groups * B * S * H * 2)
     return case
 
 
-def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret=False):
+def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret=False, calls=VERIFY_CALLS):
     """Dense verification attention vs Dustin's (estimation + sparse attention) at one (model, B, S): the timed
     parts (kernel = verify_dense / verify_sparse / verify_select per budget / verify_probe per heads variant) and
     one derived "dustin_verify" record per (budget, heads variant) with the per-layer and whole-verification
-    ratios (`_dustin_record`)."""
+    ratios (`_dustin_record`). Each part is timed as `calls` instances in one program, per instance."""
     N, K, H = VERIFY_SHAPES[model]
     kv_bytes = 2 * B * S * K * H * 2
     shape = dict(model=model, B=B, S=S, N=N, K=K, H=H, T=VERIFY_T)
@@ -341,28 +372,29 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
     try:
         if need > MEM_LIMIT:
             raise MemoryError(f"needs ~{need / 1e9:.0f} GB > {MEM_LIMIT / 1e9:.0f} GB")
-        case = verify_case(model, B, S, budgets, heads_variants, interpret=interpret, key=S + B)
+        case = verify_case(model, B, S, budgets, heads_variants, interpret=interpret, key=S + B, calls=calls)
     except Exception as e:   # building the inputs failed: one record, the run goes on
         run.records.append(base_record(kernel="dustin_verify", error=f"{type(e).__name__}: {str(e)[:400]}", **shape))
         _log(f"verify {model} B={B} S={S}: {run.records[-1]['error'][:160]}")
         return
     meta = case["meta"]
     dense = run.measure("verify_dense", *case["dense"], bytes_moved=meta["kv_bytes"] + meta["qo_bytes"],
-                        mem=kv_bytes, **shape)
+                        mem=kv_bytes, calls=calls, **shape)
     probes, probe_kernels = {}, {}
     for hv in heads_variants:
         hm = meta["heads", hv]
         fields = dict(heads=hv, n_target_heads=hm["n_target_heads"], target_layers=hm["target_layers"],
                       target_groups=hm["target_groups"], **shape)
-        probes[hv] = run.measure("verify_probe", *case["probe", hv], bytes_moved=hm["probe_bytes"], mem=0, **fields)
+        probes[hv] = run.measure("verify_probe", *case["probe", hv], bytes_moved=hm["probe_bytes"], mem=0,
+                                 calls=calls, **fields)
         # the same probe through the Pallas kernel (dustin.PROBE_KERNEL, off until this measures it faster)
         probe_kernels[hv] = run.measure("verify_probe_kernel", *case["probe_kernel", hv],
-                                        bytes_moved=hm["probe_bytes"], mem=0, **fields)
+                                        bytes_moved=hm["probe_bytes"], mem=0, calls=calls, **fields)
     for budget in budgets:
         sparse = run.measure("verify_sparse", *case["sparse", budget], bytes_moved=meta["gathered", budget], mem=0,
-                             budget=budget, **shape)
+                             calls=calls, budget=budget, **shape)
         select = run.measure("verify_select", *case["select", budget], bytes_moved=meta["select_bytes"], mem=0,
-                             budget=budget, sink=meta["sink"], window=meta["window"], **shape)
+                             calls=calls, budget=budget, sink=meta["sink"], window=meta["window"], **shape)
         for hv in heads_variants:
             run.records.append(_dustin_record(dense, sparse, select, probes[hv], meta, meta["heads", hv],
                                               budget=budget, probe_kernel=probe_kernels[hv], **shape))
@@ -508,7 +540,8 @@ def main():
     interpret = jax.default_backend() != "gpu"
     copy = None
     if args.tiny:
-        bench_verify(run, "tiny", 2, 512, budgets=(128, 512), heads_variants=("srh4", "default"), interpret=interpret)
+        bench_verify(run, "tiny", 2, 512, budgets=(128, 512), heads_variants=("srh4", "default"), interpret=interpret,
+                     calls=2)
     elif args.quick:
         if "tree" in only:
             bench_tree(run, "llama-3-8b", 1, 8192, ns=(16,))

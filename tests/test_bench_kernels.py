@@ -19,8 +19,10 @@ B, S = 2, 512
 
 def test_verify_section_records():
     run = kernels.Runner(reps=1, time_budget_s=300)
-    kernels.bench_verify(run, "tiny", B, S, budgets=(128,), heads_variants=("srh4", "default"), interpret=INTERPRET)
+    kernels.bench_verify(run, "tiny", B, S, budgets=(128,), heads_variants=("srh4", "default"), interpret=INTERPRET,
+                         calls=2)
     recs = run.records
+    assert all(r["calls_per_program"] == 2 for r in recs if "time_ms" in r)
     assert not [r for r in recs if "error" in r or "skipped" in r], recs
     parts = {(r["kernel"], r.get("heads"), r.get("budget")) for r in recs if "time_ms" in r}
     assert parts == {("verify_dense", None, None), ("verify_probe", "srh4", None), ("verify_probe", "default", None),
@@ -69,3 +71,21 @@ def test_verify_case_times_the_right_attention():
     np.testing.assert_allclose(a_t.sum(-1), 4 * 2, rtol=1e-4)
     fn, args = case["probe_kernel", "srh4"]   # the same probe through the Pallas kernel
     np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args)), a_t, rtol=1e-4, atol=1e-6)
+
+
+def test_instances_in_one_program_are_independent_calls():
+    """calls=2: each part returns one result per instance, each equal to the part run alone on that instance's
+    own inputs (its queries, signals, selection); the instances' inputs differ, so none reads another's data."""
+    case = kernels.verify_case("tiny", B, S, budgets=(128,), heads_variants=("srh4",), interpret=INTERPRET, calls=2)
+    one = kernels.verify_case("tiny", B, S, budgets=(128,), heads_variants=("srh4",), interpret=INTERPRET)
+    for part in ("dense", ("sparse", 128), ("select", 128), ("probe", "srh4")):
+        fn, args = case[part]
+        single, _ = one[part]
+        n_varied = {"dense": 1, "sparse": 3, "select": 2, "probe": 1}[part if isinstance(part, str) else part[0]]
+        got = jax.jit(fn)(*args)
+        assert len(got) == 2
+        for c in range(2):
+            want = jax.jit(single)(*(a[c] for a in args[:n_varied]), *args[n_varied:])
+            for g, w in zip(jax.tree.leaves(got[c]), jax.tree.leaves(want)):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        assert not np.array_equal(np.asarray(args[0][0]), np.asarray(args[0][1]))

@@ -41,6 +41,7 @@ def _inputs(seed, B, R, N, K, H, S, dtype, heads, layers=None):
     (3, 2, 8, 4, 128, 256, (1, 2, 7), jnp.bfloat16, 64, 3),        # G=2, one group with two heads, 3 splits
     (2, 2, 4, 4, 64, 128, (3,), jnp.float32, 128, None),           # G=1, one head
     (4, 1, 12, 3, 64, 96, tuple(range(12)), jnp.bfloat16, 32, 2),  # every head (the default heads' shape)
+    (2, 21, 9, 3, 64, 128, (2, 7), jnp.float32, 32, 2),            # LongSpec's tree nodes: 21 rows -> a 32-row tile
 ])
 def test_matches_the_f32_softmax(B, R, N, K, H, S, heads, dtype, block_k, splits):
     q, k, lengths, k1 = _inputs(B * S + N, B, R, N, K, H, S, dtype, heads)
@@ -76,12 +77,13 @@ def test_unsupported_shapes_fall_back_to_xla():
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3
-@pytest.mark.parametrize("N,K,H,heads", [(9, 3, 64, (0, 4, 5)), (32, 8, 128, (3, 17)), (32, 8, 128, tuple(range(32)))])
-def test_lowers_to_triton_at_model_shapes(N, K, H, heads):
+@pytest.mark.parametrize("N,K,H,heads,R", [(9, 3, 64, (0, 4, 5), 2), (32, 8, 128, (3, 17), 2),
+                                           (32, 8, 128, tuple(range(32)), 2), (9, 3, 64, (4,), 69)])
+def test_lowers_to_triton_at_model_shapes(N, K, H, heads, R):
     """SmolLM2-135M and Llama-3-8B shapes, from the stacked cache: one Triton kernel (the per-row logits stores
-    included; interpret mode would accept ops Triton has no rule for)."""
+    included; interpret mode would accept ops Triton has no rule for). R = 69: LongSpec's default tree as rows."""
     from _kernel_utils import lower_for_h200, triton_calls
     sd = jax.ShapeDtypeStruct
-    hlo = lower_for_h200(head_weights_kernel, sd((2, 2, N, H), jnp.bfloat16), sd((3, 2, 8192, K, H), jnp.bfloat16),
+    hlo = lower_for_h200(head_weights_kernel, sd((2, R, N, H), jnp.bfloat16), sd((3, 2, 8192, K, H), jnp.bfloat16),
                          sd((2,), jnp.int32), heads=heads, layer=1)
     assert triton_calls(hlo, "head_weights") == 1

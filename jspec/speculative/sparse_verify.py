@@ -154,7 +154,7 @@ def cross_probe(spec, cfg, cache, live=None):
     if not hs:
         return None
     kv_len = cache.lengths if live is None else jnp.where(live, cache.lengths, 0)
-    return lambda q: dustin.head_weights(q, cache.k[cfg.n_layers - 1], kv_len, hs)
+    return lambda q: dustin.head_weights(q, cache.k, kv_len, hs, layer=cfg.n_layers - 1)   # read in place
 
 
 def _target_probe(spec, cfg, base, kernel=None, interpret=False):
