@@ -25,7 +25,8 @@ of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.
                                   0 and T-1 over the prefix) on every target head; heads "srh4" (4 heads in 4
                                   (layer, KV group) pairs over 2 layers: assumed typical profile), "srh10" (10
                                   groups: the profiler's default 2% estimation cap at 8B), "default" (no profile:
-                                  all 32 heads of 2 layers)
+                                  all 32 heads of 2 layers); as jspec runs it (the head_weights kernel,
+                                  `dustin.PROBE_KERNEL`); verify_probe_xla: the same through XLA
                    verify_select  the selection (dustin.select_verify via sparse_verify._select), B rows
                  Counting: probe and select run once per verification for all 32 layers (one I_verify serves
                  every layer; the probe covers all target layers), attention once per layer. "dustin_verify"
@@ -353,7 +354,7 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
         n = 1 + max(l for l, _ in hs)
         groups = len({(l, h // G) for l, h in hs})
         case["probe", hv] = (part(probe_fn(spec_of(budgets[0], hv), n), 1), (q_est, k_est, base))
-        case["probe_kernel", hv] = (part(probe_fn(spec_of(budgets[0], hv), n, kernel=True), 1), (q_est, k_est, base))
+        case["probe_xla", hv] = (part(probe_fn(spec_of(budgets[0], hv), n, kernel=False), 1), (q_est, k_est, base))
         case["meta"]["heads", hv] = dict(heads=hv, n_target_heads=len(hs), target_layers=n, target_groups=groups,
                                          probe_bytes=groups * B * S * H * 2)
     return case
@@ -380,15 +381,15 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
     meta = case["meta"]
     dense = run.measure("verify_dense", *case["dense"], bytes_moved=meta["kv_bytes"] + meta["qo_bytes"],
                         mem=kv_bytes, calls=calls, **shape)
-    probes, probe_kernels = {}, {}
+    probes, probe_xlas = {}, {}
     for hv in heads_variants:
         hm = meta["heads", hv]
         fields = dict(heads=hv, n_target_heads=hm["n_target_heads"], target_layers=hm["target_layers"],
                       target_groups=hm["target_groups"], **shape)
         probes[hv] = run.measure("verify_probe", *case["probe", hv], bytes_moved=hm["probe_bytes"], mem=0,
                                  calls=calls, **fields)
-        # the same probe through the Pallas kernel (dustin.PROBE_KERNEL, off until this measures it faster)
-        probe_kernels[hv] = run.measure("verify_probe_kernel", *case["probe_kernel", hv],
+        # the probe as jspec runs it (dustin.PROBE_KERNEL: the Pallas kernel) and through XLA, for comparison
+        probe_xlas[hv] = run.measure("verify_probe_xla", *case["probe_xla", hv],
                                         bytes_moved=hm["probe_bytes"], mem=0, calls=calls, **fields)
     for budget in budgets:
         sparse = run.measure("verify_sparse", *case["sparse", budget], bytes_moved=meta["gathered", budget], mem=0,
@@ -397,11 +398,11 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
                              calls=calls, budget=budget, sink=meta["sink"], window=meta["window"], **shape)
         for hv in heads_variants:
             run.records.append(_dustin_record(dense, sparse, select, probes[hv], meta, meta["heads", hv],
-                                              budget=budget, probe_kernel=probe_kernels[hv], **shape))
+                                              budget=budget, probe_xla=probe_xlas[hv], **shape))
     del case
 
 
-def _dustin_record(dense, sparse, select, probe, meta, hm, probe_kernel=None, **shape):
+def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, **shape):
     """The derived comparison; L = n_layers:
       estimation_ms = probe + select (both once per verification; timed apart, summed)
       speedup_per_layer          dense / (estimation + sparse): as if one layer carried the whole estimation
@@ -409,8 +410,8 @@ def _dustin_record(dense, sparse, select, probe, meta, hm, probe_kernel=None, **
       speedup_verification       L * dense / (estimation + L * sparse): the whole verification's attention
       estimation_frac            estimation / (L * dense): share of a dense verification's attention
       estimation_frac_per_layer  estimation / dense
-    and, where the probe's Pallas kernel was timed too, probe_kernel_ms and the two whole-verification figures
-    with it in place of the XLA probe (speedup_verification_probe_kernel, estimation_frac_probe_kernel)."""
+    (probe: as jspec runs it) and, where the XLA probe was timed too, probe_xla_ms and the two whole-verification
+    figures with it in place of the default probe (speedup_verification_probe_xla, estimation_frac_probe_xla)."""
     L = meta["n_layers"]
     rec = base_record(kernel="dustin_verify", dtype=jnp.dtype(DTYPE).name, heads=hm["heads"],
                       n_target_heads=hm["n_target_heads"], target_groups=hm["target_groups"], n_layers=L,
@@ -429,11 +430,11 @@ def _dustin_record(dense, sparse, select, probe, meta, hm, probe_kernel=None, **
                    dense_verification_ms=round(L * d, 4), dustin_verification_ms=round(est + L * s, 4),
                    speedup_verification=round(L * d / (est + L * s), 3),
                    estimation_frac=round(est / (L * d), 5), estimation_frac_per_layer=round(est / d, 4))
-        if probe_kernel and "time_ms" in probe_kernel:
-            est_k = probe_kernel["time_ms"] + select["time_ms"]
-            rec.update(probe_kernel_ms=probe_kernel["time_ms"],
-                       speedup_verification_probe_kernel=round(L * d / (est_k + L * s), 3),
-                       estimation_frac_probe_kernel=round(est_k / (L * d), 5))
+        if probe_xla and "time_ms" in probe_xla:
+            est_x = probe_xla["time_ms"] + select["time_ms"]
+            rec.update(probe_xla_ms=probe_xla["time_ms"],
+                       speedup_verification_probe_xla=round(L * d / (est_x + L * s), 3),
+                       estimation_frac_probe_xla=round(est_x / (L * d), 5))
     _log(f"{'dustin_verify':28s} {_fields(shape)} heads={hm['heads']} -> "
          + (f"x{rec['speedup_verification']} per verification, est {100 * rec['estimation_frac']:.2f}%"
             if "error" not in rec else rec["error"][:160]))
@@ -482,8 +483,8 @@ def verify_summary(records, model, B, S, budget=512, heads=SUMMARY_HEADS) -> dic
             "estimation_overhead_frac_by_heads": {x["heads"]: x["estimation_frac"] for x in rows
                                                   if x["budget"] == budget},
             # the same two figures with the probe's Pallas kernel (None where it was not timed)
-            "verify_attention_speedup_probe_kernel": r.get("speedup_verification_probe_kernel"),
-            "estimation_overhead_frac_probe_kernel": r.get("estimation_frac_probe_kernel")}
+            "verify_attention_speedup_probe_xla": r.get("speedup_verification_probe_xla"),
+            "estimation_overhead_frac_probe_xla": r.get("estimation_frac_probe_xla")}
 
 
 def summarize(records, copy_gbps):

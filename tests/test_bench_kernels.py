@@ -26,7 +26,7 @@ def test_verify_section_records():
     assert not [r for r in recs if "error" in r or "skipped" in r], recs
     parts = {(r["kernel"], r.get("heads"), r.get("budget")) for r in recs if "time_ms" in r}
     assert parts == {("verify_dense", None, None), ("verify_probe", "srh4", None), ("verify_probe", "default", None),
-                     ("verify_probe_kernel", "srh4", None), ("verify_probe_kernel", "default", None),
+                     ("verify_probe_xla", "srh4", None), ("verify_probe_xla", "default", None),
                      ("verify_sparse", None, 128), ("verify_select", None, 128)}
     assert all(r["time_ms"] > 0 for r in recs if "time_ms" in r)
     derived = [r for r in recs if r["kernel"] == "dustin_verify"]
@@ -41,8 +41,8 @@ def test_verify_section_records():
         L = r["n_layers"]
         assert r["speedup_verification"] == pytest.approx(
             L * r["dense_ms"] / (r["estimation_ms"] + L * r["sparse_ms"]), rel=1e-2)
-        assert r["speedup_verification_probe_kernel"] == pytest.approx(
-            L * r["dense_ms"] / (r["probe_kernel_ms"] + r["select_ms"] + L * r["sparse_ms"]), rel=1e-2)
+        assert r["speedup_verification_probe_xla"] == pytest.approx(
+            L * r["dense_ms"] / (r["probe_xla_ms"] + r["select_ms"] + L * r["sparse_ms"]), rel=1e-2)
     assert {r["n_target_heads"] for r in derived} == {4, 2 * 4}   # srh4; default: every head of 2 layers (N=4)
     s = kernels.verify_summary(recs, "tiny", B, S, budget=128)
     assert s["verify_attention_speedup_8b_32k_b16"] > 0 and s["estimation_overhead_frac"] > 0
@@ -69,7 +69,7 @@ def test_verify_case_times_the_right_attention():
     a_t = np.asarray(jax.jit(fn)(*args))
     assert a_t.shape == (B, S) and (a_t[:, S - T:] == 0).all()
     np.testing.assert_allclose(a_t.sum(-1), 4 * 2, rtol=1e-4)
-    fn, args = case["probe_kernel", "srh4"]   # the same probe through the Pallas kernel
+    fn, args = case["probe_xla", "srh4"]   # the same probe through XLA
     np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args)), a_t, rtol=1e-4, atol=1e-6)
 
 
