@@ -23,8 +23,8 @@
 #                    PROFILES=bench/results/dustin_heads PROF_CARD=h200: the committed profiles instead of a `heads`
 #                    run; DM: other methods (P in DM stands for the profiles' prefix); TAG: a suffix for the file names
 #   vattn            bench/kernels.py --only verify: Dustin's verification attention vs dense at Llama-3-8B shapes
-#                    (32K, B=16, budget 512 first; the A_T probe through XLA and through its Pallas kernel, which
-#                    jspec uses only with dustin.PROBE_KERNEL) -> $OUT/kernels_verify_${SUF}.json
+#                    (32K, B=16, budget 512 first; the A_T probe as jspec runs it, its Pallas kernel, and through
+#                    XLA beside it) -> $OUT/kernels_verify_${SUF}.json
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_${SUF}.json
 #   exactprof        where exact mode's cost goes: bench/profile_step.py (ar's step, vegas' verification, LongSpec's
 #                    tree verification; B=$EP_BATCHES, default 64,16) in the default mode, with the fused dense
