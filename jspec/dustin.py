@@ -138,8 +138,13 @@ def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_p
     n1 = jnp.minimum(m_pages, left)
     cand = pvalid & ~prot
     top = _TOP[method]
-    tier1 = top(d, cand, n1)
-    tier2 = top(t, cand & ~tier1, left - n1)
+    none = jnp.zeros_like(cand)
+    # Static skips, the same selection: m = 0 leaves tier 1 empty; a tier 1 that always takes every free page
+    # (draft-only: left <= kp - the fewest pages the sink and window protect when length > budget) leaves tier 2
+    # empty. Profiles choose these ends (docs/methods.md), and each tier is a threshold search over the row.
+    fewest_left = kp - sink_pages - -(-window // page)
+    tier1 = top(d, cand, n1) if m_pages else none
+    tier2 = top(t, cand & ~tier1, left - n1) if m_pages < fewest_left else none
     sparse = prot | tier1 | tier2
     # Dense verification when everything fits (length <= budget). The tiers would pick every valid page then
     # too (ceil(length / P) <= kp); the explicit branch states the rule.

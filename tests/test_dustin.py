@@ -178,7 +178,8 @@ def test_random_ties_nans_ragged_against_brute_force(seed, page):
         lengths = rng.integers(0, S + 1, B).astype(np.int32)
         lengths[:3] = [S, 0, min(budget + 1, S)]         # full, empty, just over the budget
         free = budget - sink - window
-        for m in (0, free // 3, free):
+        # 1 and free - 1: one slot left to the other tier (the static skips of an empty tier must not fire)
+        for m in sorted({0, 1, free // 3, free - 1, free}):
             check(draft, target, lengths, budget=budget, sink=sink, window=window, m=m, page=page)
 
 
