@@ -28,7 +28,8 @@
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_${SUF}.json
 #   exactprof        where exact mode's cost goes: bench/profile_step.py (ar's step, vegas' verification, LongSpec's
 #                    tree verification; B=$EP_BATCHES, default 64,16) in the default mode, with the fused dense
-#                    kernels alone (--dense-rows) and in exact mode (EP narrows: EP=exact) -> $OUT/profile_exact_{default,dense,exact}_${SUF}.json
+#                    kernels alone (--dense-rows) and in exact mode (EP narrows: EP=exact; EP_KINDS the step kinds)
+#                    -> $OUT/profile_exact_{default,dense,exact}${TAG}_${SUF}.json
 #   beforeafter       issue 28's before/after in one call: the same `jspec bench` (ar and the best lossless methods,
 #                    L=7936, B=16 and 64) from the tree of commit $BEFORE (carry .before: `git archive $BEFORE jspec
 #                    pallas_kernels checkpoints pyproject.toml`; BEFORE_COMMIT=<sha>:<its source hash>), then from
@@ -86,7 +87,7 @@ for mode in "$@"; do
     exactprof) for v in ${EP:-default dense exact}; do
                  flag=$([ $v = dense ] && echo --dense-rows 100000; [ $v = exact ] && echo --exact)
                  timeout "${T_RUN:-170}" python3 bench/profile_step.py --texts $C/corpus $flag --batches "${EP_BATCHES:-64,16}" \
-                   --kinds plain_step,vegas_verify,longspec_verify --reps 5 --trace-calls 3 --time-budget 150 \
+                   --kinds "${EP_KINDS:-plain_step,vegas_verify,longspec_verify}" --reps 5 --trace-calls 3 --time-budget 150 \
                    --out "$OUT/profile_exact_${v}${TAG:-}_${SUF}.json" 2>&1 | grep -v Warning \
                    | tee "$OUT/profile_exact_${v}${TAG:-}_${SUF}_log.txt" | grep "^B=" ; done ;;
     beforeafter) BA="${BA:-ar,vegas,vegas:select_page=8,vegas+lookup8:select_page=8,longspec,longspec+lookup8}"
