@@ -31,18 +31,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from . import _common as C
-
-INT_MIN = -(2 ** 31)
-INT_MAX = 2 ** 31 - 1
+from .topk_select import INT_MAX, INT_MIN, order_key
 
 
 def rank_key(x):
-    """f32 -> int32 ranking as the XLA selection does: signed order of the value with -0.0 == +0.0, NaN at
-    INT_MIN + 1 (below every number; INT_MIN is left for units that do not compete)."""
-    x = jnp.where(x == 0, 0.0, x)
-    bits = lax.bitcast_convert_type(x, jnp.int32)
-    key = jnp.where(bits < 0, bits ^ jnp.int32(INT_MAX), bits)
-    return jnp.where(jnp.isnan(x), jnp.int32(INT_MIN + 1), key)
+    """f32 -> int32 ranking as the XLA selection does: topk_select's order-preserving image with -0.0 == +0.0
+    and NaN at INT_MIN + 1 (below every number; INT_MIN is left for units that do not compete)."""
+    return jnp.where(jnp.isnan(x), jnp.int32(INT_MIN + 1), order_key(jnp.where(x == 0, 0.0, x)))
 
 
 def _tier_kernel(len_ref, d_ref, t_ref, idx_ref, n_ref, *, block, P, budget, kp, sink_pages, window, m_pages,
@@ -111,11 +106,14 @@ def _tier_kernel(len_ref, d_ref, t_ref, idx_ref, n_ref, *, block, P, budget, kp,
 
     t1, last1 = search(key1, n1) if tiers[0] else (jnp.int32(INT_MAX), jnp.int32(-1))
 
+    def key2_of(c, pos, k1):
+        """Tier 2's keys of block c: the candidates that tier 1 (keys k1) did not take."""
+        _, _, cand, t = units(c, t_ref)
+        return jnp.where(cand & ~member(pos, k1, t1, last1), rank_key(t), jnp.int32(INT_MIN))
+
     def key2(c):
         pos, k1 = key1(c)
-        _, _, cand, t = units(c, t_ref)
-        free = cand & ~member(pos, k1, t1, last1)
-        return pos, jnp.where(free, rank_key(t), jnp.int32(INT_MIN))
+        return pos, key2_of(c, pos, k1)
 
     t2, last2 = search(key2, n2) if tiers[1] else (jnp.int32(INT_MAX), jnp.int32(-1))
 
@@ -124,9 +122,9 @@ def _tier_kernel(len_ref, d_ref, t_ref, idx_ref, n_ref, *, block, P, budget, kp,
         plgpu.store(idx_ref.at[jnp.where(slot < kp, slot, kp)], jnp.zeros((block,), jnp.int32), mask=slot < kp)
 
     def compact(c, off):
-        pos, ok, cand, _ = units(c, d_ref)
-        _, k1 = key1(c)
-        _, k2 = key2(c)
+        pos, ok, cand, d = units(c, d_ref)
+        k1 = jnp.where(cand, rank_key(d), jnp.int32(INT_MIN))
+        k2 = key2_of(c, pos, k1)
         take = ok & (dense | ~cand | member(pos, k1, t1, last1) | member(pos, k2, t2, last2))
         ti = take.astype(jnp.int32)
         dest = jnp.where(take, off + jnp.cumsum(ti) - 1, kp)     # masked lanes: out of range, never stored
