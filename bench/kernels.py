@@ -27,9 +27,7 @@ of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.
                                   groups: the profiler's default 2% estimation cap at 8B), "default" (no profile:
                                   all 32 heads of 2 layers); as jspec runs it (the head_weights kernel,
                                   `dustin.PROBE_KERNEL`); verify_probe_xla: the same through XLA
-                   verify_select  the selection (dustin.select_verify via sparse_verify._select), B rows, as
-                                  jspec runs it (`dustin.SELECT_KERNEL`: the tier_select kernel);
-                                  verify_select_xla: the XLA threshold search
+                   verify_select  the selection (dustin.select_verify via sparse_verify._select), B rows
                  Counting: probe and select run once per verification for all 32 layers (one I_verify serves
                  every layer; the probe covers all target layers), attention once per layer. "dustin_verify"
                  records both figures: per layer, dense / (estimation + sparse); whole verification,
@@ -319,10 +317,10 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
         return SpecConfig(method="vegas", gamma=T - 1, verify=Verify(
             kind="dustin", budget=budget, target_heads=heads[hv or heads_variants[0]]))
 
-    def select_fn(spec, method=None):
+    def select_fn(spec):
         def select(a_d, a_t, base):
             vs = sparse_verify.State(a_t=a_t, rounds=jnp.ones((), jnp.int32))
-            sel = sparse_verify._select(spec, cfg, vs, a_d, base, method=method)["sparse"]
+            sel = sparse_verify._select(spec, cfg, vs, a_d, base)["sparse"]
             return sel.idx, sel.n_valid
         return select
 
@@ -350,7 +348,6 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
             got = tuple(jnp.stack(x) for x in zip(*got))
         idx, n_valid = case["idx"][budget] = got
         case["select", budget] = (select, (a_d, a_t, base))
-        case["select_xla", budget] = (part(select_fn(spec_of(budget), "select"), 2), (a_d, a_t, base))
         case["sparse", budget] = (part(sparse, 3), (q, idx, n_valid, k_all, v_all, kv_len))
         case["meta"]["gathered", budget] = 2 * B * (budget + T) * K * H * 2 + 2 * B * T * N * H * 2
     for hv, hs in heads.items():
@@ -399,17 +396,13 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
                              calls=calls, budget=budget, **shape)
         select = run.measure("verify_select", *case["select", budget], bytes_moved=meta["select_bytes"], mem=0,
                              calls=calls, budget=budget, sink=meta["sink"], window=meta["window"], **shape)
-        # the selection as jspec runs it (dustin.SELECT_KERNEL: the tier_select kernel) and the XLA search beside it
-        select_xla = run.measure("verify_select_xla", *case["select_xla", budget], bytes_moved=meta["select_bytes"],
-                                 mem=0, calls=calls, budget=budget, sink=meta["sink"], window=meta["window"], **shape)
         for hv in heads_variants:
             run.records.append(_dustin_record(dense, sparse, select, probes[hv], meta, meta["heads", hv],
-                                              budget=budget, probe_xla=probe_xlas[hv], select_xla=select_xla,
-                                              **shape))
+                                              budget=budget, probe_xla=probe_xlas[hv], **shape))
     del case
 
 
-def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, select_xla=None, **shape):
+def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, **shape):
     """The derived comparison; L = n_layers:
       estimation_ms = probe + select (both once per verification; timed apart, summed)
       speedup_per_layer          dense / (estimation + sparse): as if one layer carried the whole estimation
@@ -418,9 +411,7 @@ def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, selec
       estimation_frac            estimation / (L * dense): share of a dense verification's attention
       estimation_frac_per_layer  estimation / dense
     (probe: as jspec runs it) and, where the XLA probe was timed too, probe_xla_ms and the two whole-verification
-    figures with it in place of the default probe (speedup_verification_probe_xla, estimation_frac_probe_xla);
-    likewise select_xla_ms with speedup_verification_select_xla and estimation_frac_select_xla (the XLA selection
-    in place of the default one)."""
+    figures with it in place of the default probe (speedup_verification_probe_xla, estimation_frac_probe_xla)."""
     L = meta["n_layers"]
     rec = base_record(kernel="dustin_verify", dtype=jnp.dtype(DTYPE).name, heads=hm["heads"],
                       n_target_heads=hm["n_target_heads"], target_groups=hm["target_groups"], n_layers=L,
@@ -444,11 +435,6 @@ def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, selec
             rec.update(probe_xla_ms=probe_xla["time_ms"],
                        speedup_verification_probe_xla=round(L * d / (est_x + L * s), 3),
                        estimation_frac_probe_xla=round(est_x / (L * d), 5))
-        if select_xla and "time_ms" in select_xla:
-            est_x = probe["time_ms"] + select_xla["time_ms"]
-            rec.update(select_xla_ms=select_xla["time_ms"],
-                       speedup_verification_select_xla=round(L * d / (est_x + L * s), 3),
-                       estimation_frac_select_xla=round(est_x / (L * d), 5))
     _log(f"{'dustin_verify':28s} {_fields(shape)} heads={hm['heads']} -> "
          + (f"x{rec['speedup_verification']} per verification, est {100 * rec['estimation_frac']:.2f}%"
             if "error" not in rec else rec["error"][:160]))
@@ -496,11 +482,9 @@ def verify_summary(records, model, B, S, budget=512, heads=SUMMARY_HEADS) -> dic
                                             for x in rows},
             "estimation_overhead_frac_by_heads": {x["heads"]: x["estimation_frac"] for x in rows
                                                   if x["budget"] == budget},
-            # the same two figures with the XLA probe, and with the XLA selection (None where not timed)
+            # the same two figures with the probe's Pallas kernel (None where it was not timed)
             "verify_attention_speedup_probe_xla": r.get("speedup_verification_probe_xla"),
-            "estimation_overhead_frac_probe_xla": r.get("estimation_frac_probe_xla"),
-            "verify_attention_speedup_select_xla": r.get("speedup_verification_select_xla"),
-            "estimation_overhead_frac_select_xla": r.get("estimation_frac_select_xla")}
+            "estimation_overhead_frac_probe_xla": r.get("estimation_frac_probe_xla")}
 
 
 def summarize(records, copy_gbps):

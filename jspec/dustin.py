@@ -31,7 +31,6 @@ from jax import lax
 
 from jspec.errors import InputError
 from pallas_kernels.head_weights import head_weights_kernel, kv_groups
-from pallas_kernels.tier_select import tier_select_kernel
 
 
 def _check(budget, sink, window, m, page):
@@ -119,25 +118,6 @@ def _top_select(score, cand, n):
 
 
 _TOP = {"select": _top_select, "sort": _top_sort}
-METHODS = ("select", "sort", "kernel")
-# select_verify's default method: the one-launch Pallas kernel on a GPU (off until timed against the XLA search,
-# bench/kernels.py's verify_select / verify_select_xla).
-SELECT_KERNEL = False
-
-
-def _page_scores(x, length, page):
-    """A row's unit scores: the sum over each page's valid slots only (a partial last page is not inflated by
-    garbage); f32[S] -> f32[S // page]."""
-    valid = jnp.arange(x.shape[-1], dtype=jnp.int32) < length
-    return jnp.where(valid, x, 0.0).reshape(-1, page).sum(-1)
-
-
-def _tiers(kp, sink_pages, window, page, m_pages):
-    """Which tiers can be non-empty (static): m = 0 leaves tier 1 empty; a tier 1 that always takes every free
-    page (draft-only: left <= kp - the fewest pages the sink and window protect when length > budget) leaves
-    tier 2 empty. Profiles choose these ends (docs/methods.md); skipping an empty tier gives the same selection
-    without its threshold search over the row."""
-    return m_pages > 0, m_pages < kp - sink_pages - -(-window // page)
 
 
 def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_pages, m_pages, method):
@@ -146,7 +126,9 @@ def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_p
     n_pages = S // page
     slot = jnp.arange(S, dtype=jnp.int32)
     valid = slot < length
-    d, t = _page_scores(draft, length, page), _page_scores(target, length, page)
+    # Page scores: the sum over the page's valid slots only (a partial last page is not inflated by garbage).
+    d = jnp.where(valid, draft, 0.0).reshape(n_pages, page).sum(-1)
+    t = jnp.where(valid, target, 0.0).reshape(n_pages, page).sum(-1)
     p = jnp.arange(n_pages, dtype=jnp.int32)
     pvalid = p * page < length
     win_start = jnp.maximum(length - window, 0) // page
@@ -157,9 +139,12 @@ def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_p
     cand = pvalid & ~prot
     top = _TOP[method]
     none = jnp.zeros_like(cand)
-    run1, run2 = _tiers(kp, sink_pages, window, page, m_pages)
-    tier1 = top(d, cand, n1) if run1 else none
-    tier2 = top(t, cand & ~tier1, left - n1) if run2 else none
+    # Static skips, the same selection: m = 0 leaves tier 1 empty; a tier 1 that always takes every free page
+    # (draft-only: left <= kp - the fewest pages the sink and window protect when length > budget) leaves tier 2
+    # empty. Profiles choose these ends (docs/methods.md), and each tier is a threshold search over the row.
+    fewest_left = kp - sink_pages - -(-window // page)
+    tier1 = top(d, cand, n1) if m_pages else none
+    tier2 = top(t, cand & ~tier1, left - n1) if m_pages < fewest_left else none
     sparse = prot | tier1 | tier2
     # Dense verification when everything fits (length <= budget). The tiers would pick every valid page then
     # too (ceil(length / P) <= kp); the explicit branch states the rule.
@@ -171,44 +156,21 @@ def _select_row(draft, target, length, *, budget, sink, window, page, kp, sink_p
     return idx, n_valid
 
 
-def _select_kernel(draft, target, lengths, *, budget, sink, window, page, kp, sink_pages, m_pages, interpret):
-    """The same selection through pallas_kernels/tier_select.py (one launch for the batch); the pages it returns
-    are expanded to slots here. Only the last valid page can be partial and it is the last one chosen, so
-    dropping the slots past `lengths` keeps the list compact."""
-    d, t = draft, target
-    if page > 1:
-        d = jax.vmap(_page_scores, (0, 0, None))(draft, lengths, page)
-        t = jax.vmap(_page_scores, (0, 0, None))(target, lengths, page)
-    units, count = tier_select_kernel(d, t, lengths, page=page, budget=budget, window=window, kp=kp,
-                                      sink_pages=sink_pages, m_pages=m_pages,
-                                      tiers=_tiers(kp, sink_pages, window, page, m_pages), interpret=interpret)
-    if page == 1:
-        return units, count
-    slot = units[:, :, None] * page + jnp.arange(page, dtype=jnp.int32)
-    keep = (jnp.arange(kp)[None, :, None] < count[:, None, None]) & (slot < lengths[:, None, None])
-    return jnp.where(keep, slot, 0).reshape(-1, budget), keep.sum(axis=(1, 2), dtype=jnp.int32)
-
-
 @functools.partial(jax.jit, static_argnames=("budget", "sink", "window", "page", "kp", "sink_pages", "m_pages",
-                                             "method", "interpret"))
-def _select(draft, target, lengths, *, budget, sink, window, page, kp, sink_pages, m_pages, method,
-            interpret=False):
+                                             "method"))
+def _select(draft, target, lengths, *, budget, sink, window, page, kp, sink_pages, m_pages, method):
     B, S = draft.shape
     pad = (-S) % page
     if pad:
         draft = jnp.pad(draft, ((0, 0), (0, pad)))
         target = jnp.pad(target, ((0, 0), (0, pad)))
-    sizes = dict(budget=budget, sink=sink, window=window, page=page, kp=kp, sink_pages=sink_pages, m_pages=m_pages)
-    if method == "kernel":
-        try:
-            return _select_kernel(draft, target, lengths, interpret=interpret, **sizes)
-        except NotImplementedError:   # no Pallas here (a CPU without interpret): the XLA threshold search
-            method = "select"
-    return jax.vmap(functools.partial(_select_row, method=method, **sizes))(draft, target, lengths)
+    row = functools.partial(_select_row, budget=budget, sink=sink, window=window, page=page, kp=kp,
+                            sink_pages=sink_pages, m_pages=m_pages, method=method)
+    return jax.vmap(row)(draft, target, lengths)
 
 
 def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int = 4, window: int = 64,
-                  m: int | None = None, page: int = 1, method: Optional[str] = None, interpret: bool = False):
+                  m: int | None = None, page: int = 1, method: str = "select"):
     """Choose I_verify, the cache positions the target verifies against (docs/methods.md).
 
     Per sequence b, with `lengths[b]` cached positions (positions >= lengths[b] are invalid and never chosen,
@@ -234,11 +196,8 @@ def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int 
       m: static tier-1 size in positions, 0 <= m <= budget - sink - window; None: (budget - sink - window) // 2.
         m = 0 is target-only, m = budget - sink - window draft-only.
       page: static page size P.
-      method: how the tiers are ranked, all giving the same selection: "select" (XLA: a threshold search for
-        the tier's last key, 8 counting passes over the row, no sort), "sort" (a full sort of the row per tier),
-        "kernel" (pallas_kernels/tier_select.py: both tiers and the compaction in one launch; "select" where
-        Pallas cannot run), None: "kernel" if `SELECT_KERNEL` else "select".
-      interpret: run the kernel in Pallas interpret mode (tests on a CPU).
+      method: how the tiers are ranked, both giving the same selection: "select" (a threshold search for the
+        tier's last key: 8 counting passes over the row, no sort) or "sort" (a full sort of the row per tier).
     Returns:
       idx int32[B, budget]: the chosen positions in idx[b, :n_valid[b]], ascending, distinct, < lengths[b];
         every slot after n_valid[b] holds 0 (padding, to be masked by the caller).
@@ -249,9 +208,8 @@ def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int 
     Jittable (the static arguments are Python ints); no host round trip.
     """
     m, kp, sink_pages, m_pages = _check(budget, sink, window, m, page)
-    method = ("kernel" if SELECT_KERNEL else "select") if method is None else method
-    if method not in METHODS:
-        raise ValueError(f"{method=} must be one of {METHODS}")
+    if method not in _TOP:
+        raise ValueError(f"{method=} must be one of {sorted(_TOP)}")
     draft_score = jnp.asarray(draft_score, jnp.float32)
     target_score = jnp.asarray(target_score, jnp.float32)
     if draft_score.ndim != 2 or draft_score.shape != target_score.shape:
@@ -259,7 +217,7 @@ def select_verify(draft_score, target_score, lengths, *, budget: int, sink: int 
                          f"{target_score.shape}")
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), draft_score.shape[:1])
     return _select(draft_score, target_score, lengths, budget=budget, sink=sink, window=window, page=page,
-                   kp=kp, sink_pages=sink_pages, m_pages=m_pages, method=method, interpret=interpret)
+                   kp=kp, sink_pages=sink_pages, m_pages=m_pages, method=method)
 
 
 def attention_recovery(weights, idx, n_valid):

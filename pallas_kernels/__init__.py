@@ -13,8 +13,8 @@ and one selection op, Vegas' per-row top-k by threshold search instead of a sort
 
     topk_select(scores, limit, k, *, slots)                                -> idx (ascending positions), n
 
-Dustin's own kernels (head_weights.py: the A_T probe; tier_select.py: I_verify's two-tier selection) are
-called by jspec.dustin directly, with its XLA versions as the fallback and the reference.
+Dustin's own kernel (head_weights.py: the A_T probe) is called by jspec.dustin directly, with its XLA version
+as the fallback and the reference.
 
 Layouts: q [B,T,N,H]; k, v [B,S,K,H] (one layer of the cache, bf16 or f32); GQA with G = N/K query heads
 per KV head (query head n reads KV head n // G); lse [B,N,T] float32 in natural log (JAX's own flash

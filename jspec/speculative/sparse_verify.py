@@ -175,9 +175,8 @@ def _target_probe(spec, cfg, base, kernel=None, interpret=False):
 
 # ---------------------------------------------------------------------------------------------- selection
 
-def _select(spec, cfg, vs: State, a_d, base, method=None):
-    """model.forward keywords for the selection: `sparse` (one set for every layer) or quest's `selector`.
-    method: `dustin.select_verify`'s (None: its default)."""
+def _select(spec, cfg, vs: State, a_d, base):
+    """model.forward keywords for the selection: `sparse` (one set for every layer) or quest's `selector`."""
     v = spec.verify
     if v.kind == "quest":
         page, n_pages = v.page_size, v.budget // v.page_size
@@ -201,7 +200,7 @@ def _select(spec, cfg, vs: State, a_d, base, method=None):
     draft = zeros if a_d is None or not uses_draft(spec) else a_d
     target = vs.a_t if uses_target(spec) else zeros
     idx, n = dustin.select_verify(draft, target, base, budget=v.budget, sink=v.sink, window=v.selection_window,
-                                  m=v.tier1, page=v.page_size, method=method)
+                                  m=v.tier1, page=v.page_size)
     return dict(sparse=model.Sparse(idx=idx, n_valid=n), dense_layers=v.dense_layers)
 
 
