@@ -23,8 +23,9 @@
 #                    PROFILES=bench/results/dustin_heads PROF_CARD=h200: the committed profiles instead of a `heads`
 #                    run; DM: other methods (P in DM stands for the profiles' prefix); TAG: a suffix for the file names
 #   vattn            bench/kernels.py --only verify: Dustin's verification attention vs dense at Llama-3-8B shapes
-#                    (32K, B=16, budget 512 first; the A_T probe as jspec runs it, its Pallas kernel, and through
-#                    XLA beside it) -> $OUT/kernels_verify_${SUF}.json
+#                    (32K, B=16, budget 512 first; the A_T probe as jspec runs it and through XLA beside it; the
+#                    selection for each split of the tiers) -> $OUT/kernels_verify${TAG:-}_${SUF}.json; T_BUDGET:
+#                    its --time-budget (150 s)
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_${SUF}.json
 #   exactprof        where exact mode's cost goes: bench/profile_step.py (ar's step, vegas' verification, LongSpec's
 #                    tree verification; B=$EP_BATCHES, default 64,16) in the default mode, with the fused dense
@@ -80,8 +81,9 @@ for mode in "$@"; do
               DM=${DM:-"vegas:select_page=8,vegas:select_page=8,profile=P_self,longspec,longspec:profile=P_longspec"}
               run "dustin64${TAG:-}" "${T_RUN:-560}" --lengths 7936 --batches 64 \
                 --methods "$(echo "$DM" | sed -E "s#=P_(self|longspec)#=${P}_\1_${PC}.json#g")" ;;
-    vattn) timeout "${T_RUN:-200}" python3 bench/kernels.py --only verify --time-budget 150 \
-             --out "$OUT/kernels_verify_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/kernels_verify_${SUF}_log.txt" | tail -25 ;;
+    vattn) timeout "${T_RUN:-200}" python3 bench/kernels.py --only verify --time-budget "${T_BUDGET:-150}" \
+             --out "$OUT/kernels_verify${TAG:-}_${SUF}.json" 2>&1 | grep -v Warning \
+             | tee "$OUT/kernels_verify${TAG:-}_${SUF}_log.txt" | tail -25 ;;
     profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
                --out "$OUT/profile_step_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/profile_step_${SUF}_log.txt" | tail -25 ;;
     exactprof) for v in ${EP:-default dense exact}; do

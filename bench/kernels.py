@@ -27,12 +27,13 @@ of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.
                                   groups: the profiler's default 2% estimation cap at 8B), "default" (no profile:
                                   all 32 heads of 2 layers); as jspec runs it (the head_weights kernel,
                                   `dustin.PROBE_KERNEL`); verify_probe_xla: the same through XLA
-                   verify_select  the selection (dustin.select_verify via sparse_verify._select), B rows
+                   verify_select  the selection (dustin.select_verify via sparse_verify._select), B rows, for
+                                  each split of the free slots between the tiers (`VERIFY_SIGNALS`; "signals")
                  Counting: probe and select run once per verification for all 32 layers (one I_verify serves
                  every layer; the probe covers all target layers), attention once per layer. "dustin_verify"
                  records both figures: per layer, dense / (estimation + sparse); whole verification,
                  32 x dense / (estimation + 32 x sparse). The summary's verify_attention_speedup_8b_32k_b16 is
-                 the whole-verification one (srh4, budget 512) and estimation_overhead_frac is
+                 the whole-verification one (srh4, budget 512, tiers half and half) and estimation_overhead_frac is
                  estimation / (32 x dense). What is left out: the lax.cond between the dense and sparse
                  branches, A_D (the drafts' own forwards produce it) and the rest of the layer (projections,
                  MLP). `--tiny` runs only this section on N=4, K=2, H=64, B=2, S=512 (interpret mode on CPU).
@@ -121,7 +122,8 @@ class Runner:
 
 
 def _fields(f):
-    return " ".join(f"{k}={v}" for k, v in f.items() if k in ("model", "B", "S", "T", "n", "budget", "heads"))
+    shown = ("model", "B", "S", "T", "n", "budget", "heads", "signals")
+    return " ".join(f"{k}={v}" for k, v in f.items() if k in shown)
 
 
 def _cache(key, B, S, K, H):
@@ -233,6 +235,11 @@ VERIFY_HEADS = ("srh4", "srh10", "default")
 # memory of its own (its own queries; its own selection and signals), so none is served from L2.
 VERIFY_CALLS = 8
 SUMMARY_HEADS = "srh4"
+# How I_verify's free slots split between the tiers (`Verify.signals`): "hybrid" (half each, Verify's default
+# without a profile; the headline), "draft" (tier 1 takes them all: A_D only, so the verification runs no A_T
+# probe; the committed self profile's choice), "target" (tier 2 takes them all: A_T only; the committed LongSpec
+# profile's). One tier is one threshold search over the row instead of two (dustin.select_verify skips the other).
+VERIFY_SIGNALS = ("hybrid", "draft", "target")
 
 
 def verify_heads(variant: str, N: int, K: int, n_layers: int) -> tuple:
@@ -277,6 +284,7 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
                           verification, all target layers together
       ("select", budget)  `sparse_verify._select`: I_verify from A_D and A_T (`dustin.select_verify`: sink, window,
                           tier 1 by A_D, tier 2 by A_T), once per verification for every layer
+      ("select", budget, signals)  the same for the one-tier splits "draft" and "target" (`VERIFY_SIGNALS`)
     Cache: bf16 [1, B, S, K, H] (layer 0 of a stacked cache, read in place as the model reads it), every sequence
     at kv_len = S with the T verified tokens in its last slots (prefix base = S - T); the probes read a stack of
     their own target layers' keys. `Verify` defaults otherwise (sink 4, window 64, tier 1 = half the free
@@ -313,9 +321,9 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
     def part(fn, n_varied):
         return _calls(fn, n_varied) if calls > 1 else fn
 
-    def spec_of(budget, hv=None):
+    def spec_of(budget, hv=None, signals="hybrid"):
         return SpecConfig(method="vegas", gamma=T - 1, verify=Verify(
-            kind="dustin", budget=budget, target_heads=heads[hv or heads_variants[0]]))
+            kind="dustin", budget=budget, target_heads=heads[hv or heads_variants[0]], signals=signals))
 
     def select_fn(spec):
         def select(a_d, a_t, base):
@@ -348,6 +356,8 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
             got = tuple(jnp.stack(x) for x in zip(*got))
         idx, n_valid = case["idx"][budget] = got
         case["select", budget] = (select, (a_d, a_t, base))
+        for signals in VERIFY_SIGNALS[1:]:
+            case["select", budget, signals] = (part(select_fn(spec_of(budget, signals=signals)), 2), (a_d, a_t, base))
         case["sparse", budget] = (part(sparse, 3), (q, idx, n_valid, k_all, v_all, kv_len))
         case["meta"]["gathered", budget] = 2 * B * (budget + T) * K * H * 2 + 2 * B * T * N * H * 2
     for hv, hs in heads.items():
@@ -395,16 +405,31 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
         sparse = run.measure("verify_sparse", *case["sparse", budget], bytes_moved=meta["gathered", budget], mem=0,
                              calls=calls, budget=budget, **shape)
         select = run.measure("verify_select", *case["select", budget], bytes_moved=meta["select_bytes"], mem=0,
-                             calls=calls, budget=budget, sink=meta["sink"], window=meta["window"], **shape)
+                             calls=calls, budget=budget, sink=meta["sink"], window=meta["window"], signals="hybrid",
+                             **shape)
         for hv in heads_variants:
             run.records.append(_dustin_record(dense, sparse, select, probes[hv], meta, meta["heads", hv],
-                                              budget=budget, probe_xla=probe_xlas[hv], **shape))
+                                              budget=budget, probe_xla=probe_xlas[hv], signals="hybrid", **shape))
+        # One tier: draft-only runs no probe (no A_T), target-only the summary heads' probe.
+        hv = SUMMARY_HEADS if SUMMARY_HEADS in heads_variants else heads_variants[0]
+        for signals in VERIFY_SIGNALS[1:]:
+            one = run.measure("verify_select", *case["select", budget, signals], bytes_moved=meta["select_bytes"],
+                              mem=0, calls=calls, budget=budget, sink=meta["sink"], window=meta["window"],
+                              signals=signals, **shape)
+            draft = signals == "draft"
+            run.records.append(_dustin_record(dense, sparse, one, None if draft else probes[hv], meta,
+                                              NO_PROBE if draft else meta["heads", hv], budget=budget,
+                                              signals=signals, **shape))
     del case
+
+
+NO_PROBE = dict(heads="none", n_target_heads=0, target_groups=0)   # signals="draft": no A_T, no probe
 
 
 def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, **shape):
     """The derived comparison; L = n_layers:
-      estimation_ms = probe + select (both once per verification; timed apart, summed)
+      estimation_ms = probe + select (both once per verification; timed apart, summed; probe None: a draft-only
+                      selection, which runs no probe: select alone)
       speedup_per_layer          dense / (estimation + sparse): as if one layer carried the whole estimation
       attention_speedup_per_layer dense / sparse (no estimation)
       speedup_verification       L * dense / (estimation + L * sparse): the whole verification's attention
@@ -416,15 +441,16 @@ def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, **sha
     rec = base_record(kernel="dustin_verify", dtype=jnp.dtype(DTYPE).name, heads=hm["heads"],
                       n_target_heads=hm["n_target_heads"], target_groups=hm["target_groups"], n_layers=L,
                       sink=meta["sink"], window=meta["window"], **shape)
-    parts = dict(dense=dense, sparse=sparse, select=select, probe=probe)
+    parts = dict(dense=dense, sparse=sparse, select=select, probe=probe or dict(time_ms=0.0))
     missing = [k for k, r in parts.items() if not r or "time_ms" not in r]
     if missing:
         rec["error"] = "missing part(s): " + ", ".join(
             f"{k} ({(parts[k] or {}).get('error', (parts[k] or {}).get('skipped', 'not run'))[:80]})" for k in missing)
     else:
         d, s = dense["time_ms"], sparse["time_ms"]
-        est = probe["time_ms"] + select["time_ms"]
-        rec.update(dense_ms=d, sparse_ms=s, probe_ms=probe["time_ms"], select_ms=select["time_ms"],
+        p = parts["probe"]["time_ms"]
+        est = p + select["time_ms"]
+        rec.update(dense_ms=d, sparse_ms=s, probe_ms=p, select_ms=select["time_ms"],
                    estimation_ms=round(est, 4),
                    speedup_per_layer=round(d / (est + s), 3), attention_speedup_per_layer=round(d / s, 3),
                    dense_verification_ms=round(L * d, 4), dustin_verification_ms=round(est + L * s, 4),
@@ -462,9 +488,11 @@ def _find(records, **want):
 def verify_summary(records, model, B, S, budget=512, heads=SUMMARY_HEADS) -> dict:
     """The verify section's summary keys at one shape (empty when its dustin_verify record has no timing).
     `verify_attention_speedup_8b_32k_b16` and `estimation_overhead_frac` count the whole verification:
-    n_layers x dense per layer vs estimation once + n_layers x sparse per layer (`_dustin_record`)."""
-    rows = [r for r in records if r["kernel"] == "dustin_verify" and "speedup_verification" in r
-            and r["model"] == model and r["B"] == B and r["S"] == S]
+    n_layers x dense per layer vs estimation once + n_layers x sparse per layer (`_dustin_record`), with the
+    free slots split half and half ("hybrid"); the "_by_signals" keys give the one-tier splits beside it."""
+    every = [r for r in records if r["kernel"] == "dustin_verify" and "speedup_verification" in r
+             and r["model"] == model and r["B"] == B and r["S"] == S]
+    rows = [r for r in every if r.get("signals", "hybrid") == "hybrid"]
     main = [r for r in rows if r["budget"] == budget and r["heads"] == heads]
     if not main:
         return {}
@@ -482,6 +510,11 @@ def verify_summary(records, model, B, S, budget=512, heads=SUMMARY_HEADS) -> dic
                                             for x in rows},
             "estimation_overhead_frac_by_heads": {x["heads"]: x["estimation_frac"] for x in rows
                                                   if x["budget"] == budget},
+            # one tier (`VERIFY_SIGNALS`) at this budget: draft-only (no probe) and target-only (these heads)
+            "verify_attention_speedup_by_signals": {x["signals"]: x["speedup_verification"] for x in every
+                                                    if x["budget"] == budget and x["heads"] in (heads, "none")},
+            "estimation_overhead_frac_by_signals": {x["signals"]: x["estimation_frac"] for x in every
+                                                    if x["budget"] == budget and x["heads"] in (heads, "none")},
             # the same two figures with the probe's Pallas kernel (None where it was not timed)
             "verify_attention_speedup_probe_xla": r.get("speedup_verification_probe_xla"),
             "estimation_overhead_frac_probe_xla": r.get("estimation_frac_probe_xla")}

@@ -24,13 +24,23 @@ def test_verify_section_records():
     recs = run.records
     assert all(r["calls_per_program"] == 2 for r in recs if "time_ms" in r)
     assert not [r for r in recs if "error" in r or "skipped" in r], recs
-    parts = {(r["kernel"], r.get("heads"), r.get("budget")) for r in recs if "time_ms" in r}
-    assert parts == {("verify_dense", None, None), ("verify_probe", "srh4", None), ("verify_probe", "default", None),
-                     ("verify_probe_xla", "srh4", None), ("verify_probe_xla", "default", None),
-                     ("verify_sparse", None, 128), ("verify_select", None, 128)}
+    parts = {(r["kernel"], r.get("heads"), r.get("budget"), r.get("signals")) for r in recs if "time_ms" in r}
+    assert parts == {("verify_dense", None, None, None), ("verify_probe", "srh4", None, None),
+                     ("verify_probe", "default", None, None), ("verify_probe_xla", "srh4", None, None),
+                     ("verify_probe_xla", "default", None, None), ("verify_sparse", None, 128, None),
+                     ("verify_select", None, 128, "hybrid"), ("verify_select", None, 128, "draft"),
+                     ("verify_select", None, 128, "target")}
     assert all(r["time_ms"] > 0 for r in recs if "time_ms" in r)
-    derived = [r for r in recs if r["kernel"] == "dustin_verify"]
-    assert sorted(r["heads"] for r in derived) == ["default", "srh4"]
+    every = [r for r in recs if r["kernel"] == "dustin_verify"]
+    assert sorted((r["signals"], r["heads"]) for r in every) == [
+        ("draft", "none"), ("hybrid", "default"), ("hybrid", "srh4"), ("target", "srh4")]
+    # draft-only: no A_T, so no probe in the estimation; target-only: the summary heads' probe
+    by = {(r["signals"], r["heads"]): r for r in every}
+    draft, target, hybrid = by["draft", "none"], by["target", "srh4"], by["hybrid", "srh4"]
+    assert draft["probe_ms"] == 0 and draft["n_target_heads"] == 0
+    assert draft["estimation_ms"] == pytest.approx(draft["select_ms"], abs=1e-4)
+    assert target["probe_ms"] == hybrid["probe_ms"] > 0 and target["select_ms"] != hybrid["select_ms"]
+    derived = [r for r in every if r["signals"] == "hybrid"]
     for r in derived:
         assert r["n_layers"] == kernels.VERIFY_LAYERS["tiny"] and r["budget"] == 128 and r["T"] == 5
         for k in ("dense_ms", "sparse_ms", "probe_ms", "select_ms", "estimation_ms", "speedup_per_layer",
@@ -45,7 +55,11 @@ def test_verify_section_records():
             L * r["dense_ms"] / (r["probe_xla_ms"] + r["select_ms"] + L * r["sparse_ms"]), rel=1e-2)
     assert {r["n_target_heads"] for r in derived} == {4, 2 * 4}   # srh4; default: every head of 2 layers (N=4)
     s = kernels.verify_summary(recs, "tiny", B, S, budget=128)
-    assert s["verify_attention_speedup_8b_32k_b16"] > 0 and s["estimation_overhead_frac"] > 0
+    assert s["verify_attention_speedup_8b_32k_b16"] == hybrid["speedup_verification"] > 0
+    assert s["estimation_overhead_frac"] == hybrid["estimation_frac"] > 0
+    assert s["verify_attention_speedup_by_signals"] == {
+        k: by[k, h]["speedup_verification"] for k, h in (("hybrid", "srh4"), ("draft", "none"), ("target", "srh4"))}
+    assert set(s["estimation_overhead_frac_by_signals"]) == {"hybrid", "draft", "target"}
     assert kernels.verify_summary(recs, kernels.SUMMARY_MODEL, 16, 32768) == {}
 
 
@@ -69,6 +83,16 @@ def test_verify_case_times_the_right_attention():
     a_t = np.asarray(jax.jit(fn)(*args))
     assert a_t.shape == (B, S) and (a_t[:, S - T:] == 0).all()
     np.testing.assert_allclose(a_t.sum(-1), 4 * 2, rtol=1e-4)
+    # The one-tier selections: draft-only ranks the free slots by A_D alone, target-only by A_T alone.
+    from jspec.dustin import select_verify
+    sig_d, sig_t, base = case["select", 128, "draft"][1]
+    free = 128 - 4 - 64
+    for signals, m in (("draft", free), ("target", 0)):
+        got = jax.jit(case["select", 128, signals][0])(sig_d, sig_t, base)
+        want = select_verify(sig_d, sig_t, base, budget=128, m=m)
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]), err_msg=signals)
+    assert not np.array_equal(np.asarray(jax.jit(case["select", 128, "draft"][0])(sig_d, sig_t, base)[0]),
+                              np.asarray(case["idx"][128][0]))   # hybrid's differs
     fn, args = case["probe_xla", "srh4"]   # the same probe through XLA
     np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args)), a_t, rtol=1e-4, atol=1e-6)
 
