@@ -81,19 +81,19 @@ def test_cli_generate_json(smollm2_ckpt, capsys):
 
 
 def test_generate_longspec_with_the_bundled_drafter(smollm2_ckpt):
-    """`generate(method="longspec")` finds the committed drafter and, in float32, emits plain greedy's tokens."""
+    """`generate(method="longspec")` finds the committed drafter and, in float32, emits plain greedy's tokens:
+    trees alone and with a prompt-lookup chain, on a prompt that repeats itself (one prompt, so ar's programs
+    compile once)."""
     m = jspec.load(smollm2_ckpt, dtype="float32")
-    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n" * 6
     ar = jspec.generate(m, prompt, max_new_tokens=24, ignore_eos=True)
     ls = jspec.generate(m, prompt, method="longspec", max_new_tokens=24, ignore_eos=True,
                         tree_widths=(2, 4, 4))
     assert ls.tokens == ar.tokens
     assert ls.stats.method == "longspec" and 1.0 <= ls.stats.tau <= 4.0
     assert ls.stats.knobs["tree_widths"] == (2, 4, 4) or list(ls.stats.knobs["tree_widths"]) == [2, 4, 4]
-    # With a prompt-lookup chain, on a prompt that repeats itself: the same tokens, the chain in the knobs.
-    rep = prompt * 6
-    ar = jspec.generate(m, rep, max_new_tokens=24, ignore_eos=True)
-    lk = jspec.generate(m, rep, method="longspec", max_new_tokens=24, ignore_eos=True, tree_widths=(2, 4, 4),
+    assert ls.stats.knobs["lookup"] == 0
+    lk = jspec.generate(m, prompt, method="longspec", max_new_tokens=24, ignore_eos=True, tree_widths=(2, 4, 4),
                         lookup=6)
     assert lk.tokens == ar.tokens and lk.stats.knobs["lookup"] == 6
     assert lk.stats.accept_hist[4:] and sum(lk.stats.accept_hist[4:]) >= 1, lk.stats.accept_hist  # past depth 3
