@@ -263,10 +263,20 @@ def verify_heads(variant: str, N: int, K: int, n_layers: int) -> tuple:
 
 def _calls(fn, n_varied: int):
     """fn over C independent instances in one program: its first n_varied arguments carry a leading axis of C
-    (each instance's own inputs), the rest are shared. Returns the C results as a list."""
+    (each instance's own inputs), the rest are shared. Returns the C results as a list.
+
+    Each instance gets the shared arrays through an optimization barrier of its own, together with its own
+    inputs: to XLA they are then C different values, so it cannot merge the C instances' ops on them into one
+    (C dots against the same keys into one GEMM that reads the keys once). Without it the XLA probe read its
+    keys at 2.6 TB/s in `kernels_verify_tiersel_h100.json`, faster than the kernel's 2.2: such a merge is
+    suspected, not shown. The barrier moves no data."""
     def many(*args):
         varied, shared = args[:n_varied], args[n_varied:]
-        return [fn(*(a[c] for a in varied), *shared) for c in range(varied[0].shape[0])]
+        out = []
+        for c in range(varied[0].shape[0]):
+            own, same = jax.lax.optimization_barrier(([a[c] for a in varied], list(shared)))
+            out.append(fn(*own, *same))
+        return out
     return many
 
 
