@@ -12,6 +12,7 @@
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=$LENGTHS (7936), B=64
+#   exact            issue 29's GPU check: exact16 and exact64 in one run (B=16 first) -> $OUT/exact${TAG}_${SUF}.json
 #   exact64 / exact16  bf16 exact mode (`--exact --exact-cost`) at L=7936 for one batch size: every lossless
 #                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}${TAG}_${SUF}.json
 #                    (TAG, also read by exactprof: a suffix that keeps a rerun's files apart from earlier ones)
@@ -68,8 +69,9 @@ for mode in "$@"; do
     b64|b16|b1) run "$mode" "${T_RUN:-560}" --methods "$METHODS" --lengths 7936 --batches "${mode#b}" \
                   --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
-    exact64|exact16) timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus --out "$OUT/${mode}${TAG:-}_${SUF}.json" \
-                  --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 --batches "${mode#exact}" 2>&1 \
+    exact|exact64|exact16) bs=${mode#exact}; timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus \
+                  --out "$OUT/${mode}${TAG:-}_${SUF}.json" --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 \
+                  --batches "${bs:-16,64}" 2>&1 \
                   | grep -v -e Warning -e "^  warnings.warn" | tee "$OUT/${mode}${TAG:-}_${SUF}_log.txt" | tail -25 ;;
     continue64) run continue64 "${T_RUN:-300}" --workload continue --ignore-eos --methods ar,streaming,vegas \
                   --lengths "${LENGTHS:-7936}" --batches 64 ;;
