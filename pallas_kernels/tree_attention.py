@@ -104,10 +104,14 @@ def _tree_part(qp, k, v, prefix_len, tree_mask, *, n, G, sm_scale, block_m, bloc
 
 # Packed rows per program of the exact tree kernel: a 69-node tree at G=3 reads the prefix twice.
 EXACT_TREE_ROWS = 128
+# Grid axis of the row-block programs (2: before the splits, 3: after them, so the programs that share a key
+# range are launched next to each other).
+_M_AXIS = 2
+_SKIP_PADDING = True   # probe switch: run only the sub-blocks that hold nodes
 
 
 def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_ref, q_ref, k_ref, v_ref, o_ref,
-                       lse_ref, *, G, n, npb, n_sub, sm_scale, block_k, per_split):
+                       lse_ref, *, G, n, npb, n_sub, live, sm_scale, block_k, per_split):
     """One program: n_sub sub-blocks of packed rows (npb nodes of G rows each, then padding) of one KV head
     against one split of the keys, walked as a one-token flash step walks them.
 
@@ -122,18 +126,20 @@ def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_r
     the root's tile on, node u's keys are its own: column j holds slot j below the root and, from the root
     on, the K/V of u's ancestor at depth j - prefix_len (gathered), so every node sees its keys in the
     columns, tiles and order of its one-token step; the other rows of the sub-block are masked out of that
-    update, which leaves their running max, sum and output bitwise unchanged.
+    update, which leaves their running max, sum and output bitwise unchanged. Only the first `live`
+    sub-blocks hold nodes in every program (a one-program launch pads to a power of two): the others keep
+    their initial carry and are sliced off after the launch.
     """
     block_m, head_dim = q_ref.shape
     sub = block_m // n_sub
     layer, base, tail_end = layer_ref[()], prefix_len_ref[()], tail_end_ref[()]
-    m_blk, split = pl.program_id(2), pl.program_id(3)
+    m_blk, split = pl.program_id(_M_AXIS), pl.program_id(5 - _M_AXIS)
     scale2 = sm_scale * C.LOG2E
     lo = split * per_split
     root_tile = base // block_k
     pre_hi = jnp.minimum(lo + per_split, root_tile)
     tail_lo, tail_hi = jnp.maximum(lo, root_tile), jnp.minimum(lo + per_split, pl.cdiv(tail_end, block_k))
-    q_sub = [q_ref[pl.ds(i * sub, sub), :] for i in range(n_sub)]
+    q_sub = [q_ref[pl.ds(i * sub, sub), :] for i in range(live)]
     node_of_row = jnp.where(jnp.arange(sub) < npb * G, jnp.arange(sub) // G, -1)   # node within the sub-block
 
     def prefix_step(i, carry):
@@ -146,7 +152,7 @@ def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_r
         pos = i * block_k + jnp.arange(block_k)
         rel = pos - base                                                   # depth of a path column
         carry = list(carry)
-        for sb in range(n_sub):
+        for sb in range(live):
             def node_step(j, c, sb=sb):
                 u = (m_blk * n_sub + sb) * npb + j
                 seen = (rel < 0) | (rel <= depth_ref[u])
@@ -160,13 +166,14 @@ def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_r
             carry[sb] = lax.fori_loop(0, npb, node_step, carry[sb])
         return tuple(carry)
 
-    carry = tuple(C.init_carry(sub, head_dim) for _ in range(n_sub))
+    carry = tuple(C.init_carry(sub, head_dim) for _ in range(live))
     carry = lax.fori_loop(lo, pre_hi, prefix_step, carry)
     carry = lax.fori_loop(tail_lo, tail_hi, tail_step, carry)
-    C.store_sub_blocks(carry, o_ref, lse_ref)
+    C.store_sub_blocks(carry + tuple(C.init_carry(sub, head_dim) for _ in range(n_sub - live)), o_ref, lse_ref)
 
 
-def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, interpret, layer):
+def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, interpret, layer,
+                rows_per_program=None):
     """Exact-mode tree attention: the packing, the kernel launch and the split merge of a one-token step."""
     B, n, N, H = q.shape
     S = C.layer_shape(k, layer)[1]
@@ -176,8 +183,9 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
     if G > sub:
         raise NotImplementedError(f"exact tree attention needs G={G} <= {sub} rows per sub-block")
     subs = C.cdiv(n, npb)
-    n_sub = min(C.next_pow2(subs), max(1, EXACT_TREE_ROWS // sub))
+    n_sub = min(C.next_pow2(subs), max(1, (rows_per_program or EXACT_TREE_ROWS) // sub))
     n_m = C.cdiv(subs, n_sub)
+    live = subs if n_m == 1 and _SKIP_PADDING else n_sub           # sub-blocks that hold nodes in every program
     nP = n_m * n_sub * npb                        # packed node slots
     block_m = n_sub * sub
     # Ancestors by depth from the ancestor-or-self mask: node j's depth is its row's count minus one, and a
@@ -194,21 +202,22 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
     qp = jnp.pad(qp, ((0, 0), (0, 0), (0, 0), (0, sub - npb * G), (0, 0))).reshape(B, K, n_m * block_m, H)
     splits, per_split = C.exact_split_plan(C.cdiv(S, block_k))
     out_dtype = jnp.float32 if splits > 1 else q.dtype
-    kernel = functools.partial(_exact_tree_kernel, G=G, n=n, npb=npb, n_sub=n_sub, sm_scale=sm_scale,
+    kernel = functools.partial(_exact_tree_kernel, G=G, n=n, npb=npb, n_sub=n_sub, live=live, sm_scale=sm_scale,
                                block_k=block_k, per_split=per_split)
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
-    scalar = pl.BlockSpec((None,), lambda b, h, m, s: (b,))
+    scalar = pl.BlockSpec((None,), lambda b, *_: (b,))
+    ms = (lambda i, j: (i, j)) if _M_AXIS == 2 else (lambda i, j: (j, i))   # grid axes 2, 3 -> (m, split)
     o, lse = pl.pallas_call(
         kernel,
-        grid=(B, K, n_m, splits),
+        grid=(B, K) + ms(n_m, splits),
         in_specs=[C.LAYER_SPEC, scalar, scalar,
-                  pl.BlockSpec((None, nP), lambda b, h, m, s: (b, 0)),
-                  pl.BlockSpec((None, nP, n), lambda b, h, m, s: (b, 0, 0)),
-                  pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
+                  pl.BlockSpec((None, nP), lambda b, *_: (b, 0)),
+                  pl.BlockSpec((None, nP, n), lambda b, *_: (b, 0, 0)),
+                  pl.BlockSpec((None, None, block_m, H), lambda b, h, i, j: (b, h, ms(i, j)[0], 0)),
                   kv_spec, kv_spec],
-        out_specs=[pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
-                   pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m))],
+        out_specs=[pl.BlockSpec((None, None, None, block_m, H), lambda b, h, i, j: (ms(i, j)[1], b, h, ms(i, j)[0], 0)),
+                   pl.BlockSpec((None, None, None, block_m), lambda b, h, i, j: (ms(i, j)[1], b, h, ms(i, j)[0]))],
         out_shape=[jax.ShapeDtypeStruct((splits, B, K, n_m * block_m, H), out_dtype),
                    jax.ShapeDtypeStruct((splits, B, K, n_m * block_m), jnp.float32)],
         compiler_params=bs.compiler_params(),
