@@ -104,10 +104,11 @@ def _tree_part(qp, k, v, prefix_len, tree_mask, *, n, G, sm_scale, block_m, bloc
 
 # Packed rows per program of the exact tree kernel: a 69-node tree at G=3 reads the prefix twice.
 EXACT_TREE_ROWS = 128
-# Grid axis of the row-block programs (2: before the splits, 3: after them, so the programs that share a key
-# range are launched next to each other).
-_M_AXIS = 2
-_SKIP_PADDING = True   # probe switch: run only the sub-blocks that hold nodes
+# Below this many (batch, KV head, split) programs the exact tree kernel gives each sub-block its own program
+# (the prefix is read once per sub-block, mostly from L2) instead of walking them one after another. H200, L=8K,
+# 30 layers (probe on the stop-45 commit e6250fc, docs/performance.md): B=16 (432 programs), 15 nodes: 2.22 ms
+# against 2.82 ms packed; 23 nodes (lookup 8): 2.99 against 4.06. B=64 (1,728), 6 nodes: 5.26 against 4.93.
+EXACT_TREE_SPREAD = 1024
 
 
 def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_ref, q_ref, k_ref, v_ref, o_ref,
@@ -133,7 +134,7 @@ def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_r
     block_m, head_dim = q_ref.shape
     sub = block_m // n_sub
     layer, base, tail_end = layer_ref[()], prefix_len_ref[()], tail_end_ref[()]
-    m_blk, split = pl.program_id(_M_AXIS), pl.program_id(5 - _M_AXIS)
+    m_blk, split = pl.program_id(2), pl.program_id(3)
     scale2 = sm_scale * C.LOG2E
     lo = split * per_split
     root_tile = base // block_k
@@ -174,7 +175,9 @@ def _exact_tree_kernel(layer_ref, prefix_len_ref, tail_end_ref, depth_ref, anc_r
 
 def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, interpret, layer,
                 rows_per_program=None):
-    """Exact-mode tree attention: the packing, the kernel launch and the split merge of a one-token step."""
+    """Exact-mode tree attention: the packing, the kernel launch and the split merge of a one-token step.
+    rows_per_program: packed rows a program walks (default: by the grid's size, see EXACT_TREE_SPREAD); it does
+    not change any row's bits."""
     B, n, N, H = q.shape
     S = C.layer_shape(k, layer)[1]
     bs, sub = flash_exact_block_sizes(G, G, H, q.dtype, block_sizes)   # the one-token step's schedule
@@ -183,9 +186,12 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
     if G > sub:
         raise NotImplementedError(f"exact tree attention needs G={G} <= {sub} rows per sub-block")
     subs = C.cdiv(n, npb)
-    n_sub = min(C.next_pow2(subs), max(1, (rows_per_program or EXACT_TREE_ROWS) // sub))
+    splits, per_split = C.exact_split_plan(C.cdiv(S, block_k))
+    if rows_per_program is None:
+        rows_per_program = sub if B * K * splits < EXACT_TREE_SPREAD else EXACT_TREE_ROWS
+    n_sub = min(C.next_pow2(subs), max(1, rows_per_program // sub))
     n_m = C.cdiv(subs, n_sub)
-    live = subs if n_m == 1 and _SKIP_PADDING else n_sub           # sub-blocks that hold nodes in every program
+    live = subs if n_m == 1 else n_sub           # sub-blocks that hold nodes in every program
     nP = n_m * n_sub * npb                        # packed node slots
     block_m = n_sub * sub
     # Ancestors by depth from the ancestor-or-self mask: node j's depth is its row's count minus one, and a
@@ -200,24 +206,22 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
     qp = q.reshape(B, n, K, G, H).transpose(0, 2, 1, 3, 4)
     qp = jnp.pad(qp, ((0, 0), (0, 0), (0, nP - n), (0, 0), (0, 0))).reshape(B, K, nP // npb, npb * G, H)
     qp = jnp.pad(qp, ((0, 0), (0, 0), (0, 0), (0, sub - npb * G), (0, 0))).reshape(B, K, n_m * block_m, H)
-    splits, per_split = C.exact_split_plan(C.cdiv(S, block_k))
     out_dtype = jnp.float32 if splits > 1 else q.dtype
     kernel = functools.partial(_exact_tree_kernel, G=G, n=n, npb=npb, n_sub=n_sub, live=live, sm_scale=sm_scale,
                                block_k=block_k, per_split=per_split)
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
     scalar = pl.BlockSpec((None,), lambda b, *_: (b,))
-    ms = (lambda i, j: (i, j)) if _M_AXIS == 2 else (lambda i, j: (j, i))   # grid axes 2, 3 -> (m, split)
     o, lse = pl.pallas_call(
         kernel,
-        grid=(B, K) + ms(n_m, splits),
+        grid=(B, K, n_m, splits),
         in_specs=[C.LAYER_SPEC, scalar, scalar,
                   pl.BlockSpec((None, nP), lambda b, *_: (b, 0)),
                   pl.BlockSpec((None, nP, n), lambda b, *_: (b, 0, 0)),
-                  pl.BlockSpec((None, None, block_m, H), lambda b, h, i, j: (b, h, ms(i, j)[0], 0)),
+                  pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
                   kv_spec, kv_spec],
-        out_specs=[pl.BlockSpec((None, None, None, block_m, H), lambda b, h, i, j: (ms(i, j)[1], b, h, ms(i, j)[0], 0)),
-                   pl.BlockSpec((None, None, None, block_m), lambda b, h, i, j: (ms(i, j)[1], b, h, ms(i, j)[0]))],
+        out_specs=[pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
+                   pl.BlockSpec((None, None, None, block_m), lambda b, h, m, s: (s, b, h, m))],
         out_shape=[jax.ShapeDtypeStruct((splits, B, K, n_m * block_m, H), out_dtype),
                    jax.ShapeDtypeStruct((splits, B, K, n_m * block_m), jnp.float32)],
         compiler_params=bs.compiler_params(),

@@ -173,6 +173,29 @@ def test_tree_nodes_round_as_one_token_steps_over_another_capacity():
     assert _tree_rows(213, 2, 9, 6, 2, 128, SMALL, exact=True, one_token_slots=176) == []
 
 
+def test_tree_rows_per_program_do_not_change_bits():
+    """The exact tree kernel walks a tree's sub-blocks in one program or spreads them over several (by the grid's
+    size: EXACT_TREE_SPREAD); 23 nodes at G=3 are 5 sub-blocks: one each, two (3 programs, the last padded), and
+    all in one program padded to 8 (3 sub-blocks skipped). Every packing gives the same bits, so the one-token
+    checks above, run at tiny grids (one sub-block per program), hold for the packed launches too."""
+    rng = np.random.default_rng(17)
+    B, n, N, K, S = 2, 23, 6, 2, 144
+    q, k, v = random_qkv(17, B, n, N, K, 64, S, BF16)
+    mask = jnp.asarray(random_tree_mask(rng, B, n))
+    base = jnp.asarray([S - n, 60], jnp.int32)
+
+    def run(rows):
+        f = jax.jit(lambda q, k, v, p, m: ta._exact_tree(q, k, v, p, m, K=K, G=N // K, sm_scale=0.125,
+                                                           block_sizes=SMALL, interpret=True, layer=None,
+                                                           rows_per_program=rows)[0])
+        return np.asarray(f(q, k, v, base, mask).astype(jnp.float32))
+
+    outs = {rows: run(rows) for rows in (16, 32, 128)}
+    assert np.isfinite(outs[16]).all()
+    for rows in (32, 128):
+        np.testing.assert_array_equal(outs[rows], outs[16])
+
+
 def test_default_tree_attention_rounds_otherwise():
     """Negative control: the default tree kernel (a prefix pass and a tree pass merged by their LSEs) does not
     give the one-token step's bits."""
