@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `jspec bench` on a lent GPU machine (no .git, no network, the model staged by hand). From the repo root:
-#   bash bench/gpu.sh stage1           (carry .gpu/z1 .carry/heldout .whl)  \  two back-to-back calls: the gzipped
+#   bash bench/gpu.sh stage1           (carry .gpu/z1 .carry/hgz .carry/commit .whl) \  two back-to-back calls: the gzipped
 #   JSPEC_COMMIT=... bash bench/gpu.sh stage2 MODE...  (carry .gpu/z2)     /  98 MB GGUF travels in halves under
 #   JSPEC_COMMIT=... bash bench/gpu.sh MODE...   later calls while warm       the 64 MiB carry limit (parts below)
 # JSPEC_COMMIT is `python -m jspec.provenance` run here on a clean checkout: results are refused without it.
 # Parts: `bash ../shared/gpu/prepare_smollm2.sh`, then `cat .gpu/a/* .gpu/b/* | gzip -9 | split -b 46400000 -
 # /tmp/mz.` and move /tmp/mz.aa to .gpu/z1/model.gz.aa, /tmp/mz.ab to .gpu/z2/model.gz.ab; .carry/heldout holds
-# prose the bundled drafter never saw in training (austen_emma.txt, austen_sensesensibility.txt).
+# prose the bundled drafter never saw in training (austen_emma.txt, austen_sensesensibility.txt); carry them gzipped
+# as .carry/hgz/<name>.txt.gz (`gzip -9c`): z1 and the tracked files alone come within ~1 MB of the carry limit.
 # Modes (each writes $OUT/bench_<mode>_${SUF}.json + .png + _log.txt):
 #   b64 / b16 / b1   the headline grid at L=7936 (+ 256 new = 8192 positions) for one batch size: ar, streaming, vegas (pages of 8),
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
@@ -62,7 +63,8 @@ tool() {  # tool NAME TIMEOUT SUBCOMMAND ARGS...: a jspec offline tool, its log 
 }
 for mode in "$@"; do
   case "$mode" in
-    stage1) mkdir -p $C/corpus && cp .gpu/z1/* $C/ && cp .carry/heldout/*.txt $C/corpus/ &&
+    stage1) mkdir -p $C/corpus && cp .gpu/z1/* $C/ && { [ -d .carry/hgz ] && for f in .carry/hgz/*.gz; do
+              zcat "$f" > $C/corpus/$(basename "$f" .gz); done || cp .carry/heldout/*.txt $C/corpus/; } &&
             python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl ;;
     stage2) cp .gpu/z2/* $C/ && cat $C/model.gz.* | gunzip > $C/smollm2-135m.gguf && rm $C/model.gz.* &&
             echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $C/smollm2-135m.gguf" | sha256sum -c - ;;
