@@ -13,7 +13,9 @@
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=$LENGTHS (7936), B=64
-#   exact            issue 29's GPU check: exact16 and exact64 in one run (B=16 first) -> $OUT/exact${TAG}_${SUF}.json
+#   exact            issue 29's GPU check: exact16 and exact64 in one run (B=16 first) -> $OUT/exact${TAG}_${SUF}.json;
+#                    on an H100 it passed 560 s before the last two methods at B=64 (exact_h100.json): there run
+#                    exact16 and exact64 in two calls and `python -m jspec.bench --merge` their files here
 #   exact64 / exact16  bf16 exact mode (`--exact --exact-cost`) at L=7936 for one batch size: every lossless
 #                    method and ar in exact mode, each also timed in the default mode -> $OUT/exact{64,16}${TAG}_${SUF}.json
 #                    (TAG, also read by exactprof: a suffix that keeps a rerun's files apart from earlier ones)

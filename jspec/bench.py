@@ -3,6 +3,7 @@ the path users call, on one set of prompts per shape shared by every method; war
 
     jspec bench --methods ar,vegas,longspec+lookup8 --batches 1,16,64 --lengths 7936 --out bench.json
     python -m jspec.bench --check-lossless --batches 64    # float32: lists every row that differs from ar
+    jspec bench --merge b16.json b64.json --out both.json     # one file from several calls, each shape from one
 
 Workloads (`--workload`):
   long-tasks  (default) what long-context users send: chat-template summaries and questions over long
@@ -417,6 +418,77 @@ def exact_summary(records: list) -> dict:
             "exact_cost_frac": costs}
 
 
+def document_summary(records: list, peers: list, settings: dict) -> dict:
+    """A result file's summary: `summarize`, plus `--check-lossless`'s and `--exact`'s own figures."""
+    summary = summarize(records, peers)
+    if settings.get("check_lossless"):
+        done = {r["method"] for r in records}
+        summary["lossless"] = {m: min(r["rows_identical_to_ar"] for r in records if r["method"] == m)
+                               for m in settings["methods"] if m in done
+                               if all(r["lossless"] for r in records if r["method"] == m)}
+        summary["rows_checked_per_method"] = sum(settings["batches"]) * len(settings["lengths"])
+    if settings.get("exact"):
+        summary.update(exact_summary(records))
+    return summary
+
+
+def _write_json(doc: dict, path: str):
+    with open(path + ".part", "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(path + ".part", path)   # never a half-written result file
+
+
+def merge(paths: list, out: str) -> dict:
+    """One result file from the files of several calls (e.g. B=16 and B=64 on a lent GPU whose calls are
+    time-limited), so each shape keeps every figure of the one call that ran it: every ratio in a shape (x ar,
+    exact mode's cost) still divides two numbers of one run. Refused unless the files come from the same
+    source (commit and tree hash) and device with the same settings (shapes aside), every shape is in
+    exactly one file, and each shape has its ar record. `provenance.runs` lists each call; each record says
+    which (`run`)."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.load(open(p)))
+        except (OSError, ValueError) as e:
+            raise BenchError(f"cannot read {p!r}: {e}") from None
+        if not isinstance(docs[-1], dict) or not {"provenance", "settings", "records"} <= set(docs[-1]):
+            raise BenchError(f"{p!r} is not a jspec bench result")
+    if len(docs) < 2:
+        raise BenchError("--merge needs at least two result files")
+    first = docs[0]
+    source = lambda d: tuple(d["provenance"].get(k) for k in ("commit", "tree_hash", "dirty", "device", "jax",
+                                                                "xla_flags", "matmul_precision"))
+    same = lambda d: {k: v for k, v in d["settings"].items() if k not in ("lengths", "batches", "methods")}
+    shapes, records, peers, runs = {}, [], [], []
+    for i, (p, d) in enumerate(zip(paths, docs)):
+        if source(d) != source(first):
+            raise BenchError(f"{p!r} comes from another source or device than {paths[0]!r}: "
+                             f"{source(d)} against {source(first)}")
+        if same(d) != same(first):
+            raise BenchError(f"{p!r} was run with other settings than {paths[0]!r}")
+        for r in d["records"]:
+            shape = (r["L"], r["B"])
+            if shapes.setdefault(shape, p) != p:
+                raise BenchError(f"L={shape[0]} B={shape[1]} is in both {shapes[shape]!r} and {p!r}: a shape must "
+                                 f"come from one call")
+            records.append(dict(r, run=i))
+        for shape in {(r["L"], r["B"]) for r in d["records"]}:
+            if not any(r["method"] == "ar" and (r["L"], r["B"]) == shape for r in d["records"]):
+                raise BenchError(f"{p!r} has no ar record at L={shape[0]} B={shape[1]}")
+        peers += [dict(q, run=i) for q in d.get("peers", [])]
+        runs.append(dict(file=os.path.basename(p), command=d["provenance"].get("command"),
+                         complete=d.get("complete"), wall_s=d.get("wall_s"),
+                         shapes=sorted({f"L{r['L']}_B{r['B']}" for r in d["records"]})))
+    settings = dict(first["settings"], lengths=sorted({L for L, _ in shapes}), batches=sorted({B for _, B in shapes}),
+                    methods=list(dict.fromkeys(m for d in docs for m in d["settings"]["methods"])))
+    doc = dict(provenance=dict(first["provenance"], runs=runs), settings=settings,
+               complete=all(d.get("complete") for d in docs), wall_s=round(sum(d.get("wall_s") or 0 for d in docs), 1),
+               records=records, peers=peers, summary=document_summary(records, peers, settings))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    _write_json(doc, out)
+    return doc
+
+
 def summarize(records: list, peers: list) -> dict:
     """Per shape: ar's tokens/s, each method's speedup, the best lossless method, and ar against each peer."""
     out = {}
@@ -547,6 +619,8 @@ def add_arguments(ap):
     ap.add_argument("--out", default="jspec-bench.json", help="result JSON (a .png plot is written beside it)")
     ap.add_argument("--replot", metavar="FILE", default=None,
                     help="only redraw the plot of an existing result JSON (beside it) and print its table")
+    ap.add_argument("--merge", nargs="+", metavar="FILE", default=None,
+                    help="only merge result files of one source and settings, each shape from one call, into --out")
     ap.add_argument("--allow-dirty", action="store_true",
                     help="record a run from a tree that differs from its commit (marked dirty)")
 
@@ -563,6 +637,12 @@ def _ints(text: str, flag: str) -> list:
 
 def run(a) -> int:
     from jspec import provenance
+    if a.merge:
+        doc = merge(a.merge, a.out)
+        png = plot(doc["records"], doc["peers"], os.path.splitext(a.out)[0] + ".png")
+        print(f"wrote {a.out}" + (f" and {png}" if png else "") + f" from {len(a.merge)} runs")
+        _print_table(doc["records"], doc["peers"])
+        return 0
     if a.replot:
         try:
             doc = json.load(open(a.replot))
@@ -640,20 +720,9 @@ def run(a) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
     def write(records, complete=False):
-        summary = summarize(records, peer_records)
-        if a.check_lossless:
-            done = {r["method"] for r in records}
-            summary["lossless"] = {m.label: min(r["rows_identical_to_ar"] for r in records if r["method"] == m.label)
-                                   for m in methods if m.label in done
-                                   if all(r["lossless"] for r in records if r["method"] == m.label)}
-            summary["rows_checked_per_method"] = sum(batches) * len(lengths)
-        if a.exact:
-            summary.update(exact_summary(records))
         doc = dict(provenance=prov, settings=settings, complete=complete, wall_s=round(time.perf_counter() - t0, 1),
-                   records=records, peers=peer_records, summary=summary)
-        with open(a.out + ".part", "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(a.out + ".part", a.out)   # never a half-written result file
+                   records=records, peers=peer_records, summary=document_summary(records, peer_records, settings))
+        _write_json(doc, a.out)
 
     records = bench(model, methods=methods, lengths=lengths, batches=batches, workload=a.workload,
                     new=a.new_tokens, texts_dir=a.texts, ignore_eos=a.ignore_eos, reps=a.reps, chat=a.chat,

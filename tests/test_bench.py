@@ -194,3 +194,67 @@ def test_exact_summary_on_a_tiny_model():
             dict(method="a", rows_identical_to_ar=1.0), dict(method="b", rows_identical_to_ar=0.75)]
     assert bench.exact_summary(fake) == {"exact_rows_identical_frac_min": 0.5, "exact_methods": ["a", "b"],
                                          "exact_cost_frac_max": None, "exact_cost_frac": {}}
+
+
+# ------------------------------------------------------------------------------------------------ --merge
+
+def _result(tmp_path, name, B, *, commit="c" * 40, exact=True, methods=("ar", "vegas"), complete=True):
+    """A result file as `jspec bench --exact --exact-cost` writes it, with made-up figures for one shape."""
+    recs = []
+    for i, m in enumerate(methods):
+        tps = 100.0 * (i + 1) * B
+        recs.append(dict(method=m, base_method=m, lookup=0, L=64, B=B, tokens_per_s=tps, speedup_vs_ar=float(i + 1),
+                         tau=1.0 + i, rows_identical_to_ar=1.0 if i == 0 else 0.5 + B / 128, lossless=True,
+                         distinct_token_share=0.2, default_tokens_per_s=tps * 1.25,
+                         exact_cost_frac=round(0.2 + 0.01 * B, 4)))
+    doc = dict(provenance=dict(commit=commit, tree_hash="t", dirty=False, device="gpu:X", jax="0.11.2",
+                               xla_flags="", matmul_precision="default", command=f"bench --batches {B}"),
+               settings=dict(methods=list(methods), lengths=[64], batches=[B], workload="long-tasks", exact=True,
+                             exact_cost=True, check_lossless=False, new_tokens=8) if exact else
+               dict(methods=list(methods), lengths=[64], batches=[B], workload="long-tasks", exact=False,
+                    exact_cost=False, check_lossless=False, new_tokens=8),
+               complete=complete, wall_s=10.0 + B, records=recs, peers=[], summary={})
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path), recs
+
+
+def test_merge_keeps_each_shape_from_its_own_call(tmp_path, capsys):
+    a, ra = _result(tmp_path, "b16.json", 16)
+    b, rb = _result(tmp_path, "b64.json", 64)
+    out = str(tmp_path / "both.json")
+    assert bench.main(["--merge", a, b, "--out", out]) == 0
+    assert "from 2 runs" in capsys.readouterr().out
+    doc = json.load(open(out))
+    assert [(r["B"], r["method"], r["run"]) for r in doc["records"]] == [(16, "ar", 0), (16, "vegas", 0),
+                                                                         (64, "ar", 1), (64, "vegas", 1)]
+    assert [r["tokens_per_s"] for r in doc["records"]] == [r["tokens_per_s"] for r in ra + rb]
+    assert doc["settings"]["batches"] == [16, 64] and doc["complete"] is True and doc["wall_s"] == 26 + 74
+    assert [(r["file"], r["shapes"]) for r in doc["provenance"]["runs"]] == [("b16.json", ["L64_B16"]),
+                                                                              ("b64.json", ["L64_B64"])]
+    s = doc["summary"]
+    assert s["L64_B16"]["speedup_vs_ar"] == {"vegas": 2.0} and s["L64_B64"]["ar_tokens_per_s"] == 6400.0
+    # the exact summary over both calls: the least identical share (B=16's 0.625) and the largest cost (B=64's)
+    assert s["exact_rows_identical_frac_min"] == 0.5 + 16 / 128
+    assert s["exact_cost_frac"] == {"ar": 0.84, "vegas": 0.84} and s["exact_cost_frac_max"] == 0.84
+
+
+def test_merge_refuses_what_would_mix_runs(tmp_path, capsys):
+    a, _ = _result(tmp_path, "a.json", 16)
+    cases = [
+        ([a, _result(tmp_path, "same_shape.json", 16)[0]], "must come from one call"),
+        ([a, _result(tmp_path, "other_commit.json", 64, commit="d" * 40)[0]], "another source"),
+        ([a, _result(tmp_path, "other_settings.json", 64, exact=False)[0]], "other settings"),
+        ([a, _result(tmp_path, "no_ar.json", 64, methods=("vegas",))[0]], "no ar record"),
+        ([a], "at least two"),
+        ([a, str(tmp_path / "missing.json")], "cannot read"),
+    ]
+    for paths, msg in cases:
+        out = tmp_path / "out.json"
+        assert bench.main(["--merge", *paths, "--out", str(out)]) == 2
+        assert msg in capsys.readouterr().err
+        assert not out.exists()
+    # a call cut by its time limit stays marked incomplete in the merge
+    c, _ = _result(tmp_path, "cut.json", 64, complete=False)
+    assert bench.main(["--merge", a, c, "--out", str(tmp_path / "m.json")]) == 0
+    assert json.load(open(tmp_path / "m.json"))["complete"] is False
