@@ -144,3 +144,42 @@ def test_profile_step_tiny_on_cpu(tmp_path, monkeypatch):
     assert any(o.startswith("model.py:") for o, _, _ in plain["by_origin"])
     s = doc["summary"]
     assert s["static_launches_vegas_round_B2"] == vround["launches"] and s["plain_step_ms_B2"] > 0
+
+
+# ------------------------------------------------------------------------------------------ step_overhead
+
+def _bench_doc(B, ar_tps, best, peers_tps, L=7936):
+    rec = lambda m, tps: dict(method=m, L=L, B=B, prompt_tokens_mean=7900.0, new_tokens_mean=200.0, tokens_per_s=tps)
+    return {"provenance": {"commit": "c" * 40, "device": "gpu:NVIDIA H200"},
+            "records": [rec("ar", ar_tps), rec("vegas", ar_tps * best)],
+            "summary": {f"L{L}_B{B}": {"best": "vegas", "best_speedup_vs_ar": best, "best_without_lookup": "vegas",
+                                       "best_without_lookup_speedup_vs_ar": best, "ar_distinct_token_share": 0.2}},
+            "peers": [dict(peer="hf-compile", L=L, B=B, tokens_per_s=t) for t in peers_tps]}
+
+
+def test_step_overhead_summary_against_hand_computed_figures():
+    from bench import step_overhead as so
+    W, KV = 1_000_000, 100       # weight bytes, KV bytes per token: a step at B rows reads W + B * 8000 * KV
+    docs = {"b1.json": _bench_doc(1, 4000.0, 1.1, [500.0]), "b16.json": _bench_doc(16, 9000.0, 1.5, [10000.0]),
+            "b64.json": _bench_doc(64, 20000.0, 2.5, [5000.0])}
+    prof = {"provenance": {"commit": "d" * 40}, "summary": {"kernels_per_plain_step_B1": 130.0,
+                                                           "kernels_per_plain_step_B64": 100.0,
+                                                           "draft_step_device_ms_B64": 0.7}}
+    records, s = so.summarize(docs, prof, "prof.json", W, KV)
+    floor = {B: B * common.HBM_BYTES_PER_S / (W + B * 8000 * KV) for B in (1, 16, 64)}   # context 7900 + 200 / 2
+    assert [r["B"] for r in records] == [1, 16, 64]
+    for r, B, tps in zip(records, (1, 16, 64), (4000.0, 9000.0, 20000.0)):
+        assert r["floor_tokens_per_s"] == pytest.approx(floor[B], rel=1e-6)
+        assert r["ar_roofline_frac"] == pytest.approx(tps / floor[B], abs=1e-4)
+    t = s["targets"]
+    assert s["ar_tok_s_L8000_B1"] == 4000.0 and t["ar_tok_s_B1"]["met"]
+    assert t["ar_roofline_frac_B1"]["met"] == (4000.0 / floor[1] >= 0.30)
+    assert s["kernels_per_plain_step"] == 130.0 and not t["kernels_per_plain_step"]["met"]   # the most over B
+    assert s["draft_step_ms_L8000_B64"] == 0.7 and t["draft_step_ms_B64"]["met"]
+    # ar against the compiled peer: 8x, 0.9x, 4x -> not ahead at every B
+    assert s["ar_speedup_vs_torch_compile_by_B"] == {1: 8.0, 16: 0.9, 64: 4.0}
+    assert s["ar_speedup_vs_torch_compile_L8000_B16"] == 0.9 and not t["ar_ahead_of_torch_compile"]["met"]
+    assert s["best_lossless_speedup_vs_ar_L8000_B64"] == 2.5 and t["best_lossless_speedup_B64"]["met"]
+    # a shape in two files would mix runs in its ratios: refused
+    with pytest.raises(SystemExit, match="in both"):
+        so.summarize({**docs, "again.json": _bench_doc(16, 1.0, 1.0, [])}, prof, "prof.json", W, KV)
