@@ -1,5 +1,5 @@
 """Where does the fixed cost of a forward step stand against its targets (issue 31)? Gathers the figures of
-separate GPU runs into one file, `bench/results/step_overhead_<card>.json`, measuring nothing itself:
+separate GPU runs into one file, `bench/results/step_overhead_<card>.json` (+ .png), measuring nothing itself:
 
     python bench/step_overhead.py --bench bench/results/bench_b{1,16,64}_h200.json \
         --profile bench/results/profile_step_h200.json [--model smollm2-135m] [--out FILE]
@@ -137,6 +137,38 @@ def summarize(bench_docs: dict, profile: dict, profile_name: str, weight_bytes: 
     return records, summary
 
 
+def plot(records: list, summary: dict, path: str):
+    """ar's tokens/s against the bandwidth floor per batch size, and kernels per plain step against the target."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in records if r["L"] == summary["L"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.5, 3.8))
+    x = range(len(rows))
+    a.bar([i - 0.2 for i in x], [r["floor_tokens_per_s"] for r in rows], 0.4, color="0.75", label="bandwidth floor")
+    bars = a.bar([i + 0.2 for i in x], [r["ar_tokens_per_s"] for r in rows], 0.4, color="C0", label="ar (measured)")
+    for bar, r in zip(bars, rows):
+        a.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{r['ar_roofline_frac']:.0%}", ha="center",
+               va="bottom", fontsize=8)
+    a.set_xticks(list(x), [f"B={r['B']}" for r in rows])
+    a.set_ylabel("new tokens/s")
+    a.set_title(f"ar at L={summary['L']}: share of the floor", fontsize=9)
+    a.legend(fontsize=7)
+    k = summary["kernels_per_plain_step_by_B"]
+    b.bar([f"B={B}" for B in k], list(k.values()), color="C1")
+    b.axhline(TARGETS["kernels_per_plain_step"], color="k", ls="--", lw=1, label="target")
+    b.set_ylabel("kernel launches per plain step")
+    b.set_title("launches per step (profile)", fontsize=9)
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bench", nargs="+", required=True, help="jspec bench result files")
@@ -154,7 +186,11 @@ def main(argv=None) -> int:
     records, summary = summarize(bench_docs, profile, os.path.basename(a.profile), weight_bytes,
                                  cfg.kv_bytes_per_token())
     card = "h100" if "H100" in str(profile.get("provenance", {}).get("device")) else "h200"
-    write_json(a.out or os.path.join(os.path.dirname(a.profile), f"step_overhead_{card}.json"), records, summary)
+    out = a.out or os.path.join(os.path.dirname(a.profile), f"step_overhead_{card}.json")
+    write_json(out, records, summary)
+    png = plot(records, summary, os.path.splitext(out)[0] + ".png")
+    if png:
+        print(f"wrote {png}")
     for name, t in summary["targets"].items():
         v = t["value"]
         v = ", ".join(f"B={k}: {x}" for k, x in v.items()) if isinstance(v, dict) else str(v)
