@@ -42,6 +42,21 @@ def base_record(**kw) -> dict:
     return {"device": device_name(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), **kw}
 
 
+def read_result(path: str) -> dict:
+    """A result file for a summary script; an unreadable one ends the script with a one-line error."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot read {path}: {e}") from None
+
+
+def source_of(doc: dict) -> dict:
+    """The provenance fields a summary cites for one of its source files."""
+    p = doc.get("provenance") or doc.get("calibration", {}).get("provenance", {})
+    return {k: p.get(k) for k in ("commit", "dirty", "command", "device")}
+
+
 def write_json(path: str, records: list, summary: dict, **extra):
     """Write a result file with its provenance (`jspec.provenance`): refused when the source tree differs from
     its commit or has none, unless JSPEC_ALLOW_DIRTY=1 (the file then says dirty)."""

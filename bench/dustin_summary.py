@@ -16,29 +16,18 @@ source file and every target says its value, its bar and whether it was met.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import write_json  # noqa: E402
+from bench.common import read_result, source_of, write_json  # noqa: E402
 
 BENCH, FIDELITY, KERNELS = "bench_dustin64_h200.json", "dustin_fidelity_h200.json", "kernels_verify_h200.json"
 HEADS = {"self": "dustin_heads_self_h200.json", "longspec": "dustin_heads_longspec_h200.json"}
 
 
 def _load(folder: str, name: str) -> dict:
-    path = os.path.join(folder, name)
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: cannot read {path}: {e}") from None
-
-
-def _provenance(doc: dict) -> dict:
-    p = doc.get("provenance") or doc.get("calibration", {}).get("provenance", {})
-    return {k: p.get(k) for k in ("commit", "dirty", "command", "device")}
+    return read_result(os.path.join(folder, name))
 
 
 def end_to_end(doc: dict) -> dict:
@@ -115,7 +104,7 @@ def summarize(folder: str) -> tuple[list, dict]:
             "profiling_s": target(max(prof_s.values()), "<= 600", max(prof_s.values()) <= 600,
                                   ", ".join(HEADS.values()), "compile included"),
         },
-        "sources": {n: _provenance(d) for n, d in
+        "sources": {n: source_of(d) for n, d in
                     [(BENCH, bench), (FIDELITY, fid), (KERNELS, kern)] + [(HEADS[d], h) for d, h in heads.items()]},
         "note": "figures are copied from their source files; no ratio combines two runs",
     }

@@ -18,28 +18,15 @@ value, its bar, whether it was met and on what condition.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import HBM_BYTES_PER_S, write_json  # noqa: E402
+from bench.common import HBM_BYTES_PER_S, read_result, source_of, write_json  # noqa: E402
 
 # Issue 31's targets, at L=8000 (`jspec bench`'s 7936-token prompts + 256 new tokens).
 TARGETS = {"ar_tok_s_B1": 3000.0, "roofline_B1": 0.30, "roofline_B16": 0.65, "roofline_B64": 0.80,
            "kernels_per_plain_step": 120, "draft_step_ms_B64": 0.8, "best_lossless_speedup_B64": 2.0}
-
-
-def _load(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: cannot read {path}: {e}") from None
-
-
-def _provenance(doc: dict) -> dict:
-    return {k: doc.get("provenance", {}).get(k) for k in ("commit", "dirty", "command", "device")}
 
 
 def floor_tokens_per_s(weight_bytes: int, kv_bytes_per_token: int, B: int, context: float,
@@ -131,7 +118,7 @@ def summarize(bench_docs: dict, profile: dict, profile_name: str, weight_bytes: 
             "best_lossless_speedup_B64": target(best64, "> 2 (report)", (best64 or 0) > 2, src(64),
                                                 "without prompt lookup"),
         },
-        "sources": {**{n: _provenance(d) for n, d in bench_docs.items()}, profile_name: _provenance(profile)},
+        "sources": {**{n: source_of(d) for n, d in bench_docs.items()}, profile_name: source_of(profile)},
         "note": "figures are copied from their source files; the floor is a model; no ratio combines two runs",
     }
     return records, summary
@@ -181,8 +168,8 @@ def main(argv=None) -> int:
     from jspec import checkpoints, model
     cfg = checkpoints.load_config(checkpoints.resolve(a.model))
     weight_bytes = model.param_bytes(jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0))))
-    bench_docs = {os.path.basename(p): _load(p) for p in a.bench}
-    profile = _load(a.profile)
+    bench_docs = {os.path.basename(p): read_result(p) for p in a.bench}
+    profile = read_result(a.profile)
     records, summary = summarize(bench_docs, profile, os.path.basename(a.profile), weight_bytes,
                                  cfg.kv_bytes_per_token())
     card = "h100" if "H100" in str(profile.get("provenance", {}).get("device")) else "h200"
