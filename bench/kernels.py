@@ -20,7 +20,8 @@ of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.
                  the free slots), each through the entry jspec's verification forward calls (`verify_case`):
                    verify_dense   attention.full over the whole cache (flash_scores kernel), one layer
                    verify_sparse  attention.sparse over the budget's I_verify + the causal tail
-                                  (sparse_attention kernel), one layer
+                                  (sparse_attention kernel), one layer; verify_sparse_splits: the first
+                                  budget's through the kernel with fixed split-K counts (`SPARSE_SPLIT_SWEEP`)
                    verify_probe   the A_T estimate: the verification's own probe (dustin.head_weights of rows
                                   0 and T-1 over the prefix) on every target head; heads "srh4" (4 heads in 4
                                   (layer, KV group) pairs over 2 layers: assumed typical profile), "srh10" (10
@@ -46,6 +47,7 @@ run in one program). Each measurement is guarded: a failure becomes a record wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -240,6 +242,10 @@ SUMMARY_HEADS = "srh4"
 # probe; the committed self profile's choice), "target" (tier 2 takes them all: A_T only; the committed LongSpec
 # profile's). One tier is one threshold search over the row instead of two (dustin.select_verify skips the other).
 VERIFY_SIGNALS = ("hybrid", "draft", "target")
+# Split-K counts the sparse part is also timed with at the first budget (`verify_sparse_splits` records): its
+# ~20 us per layer of fixed cost at 32K, B=16 (kernels_verify_signals_h200.json) sets how far from 20x the
+# verification stays; the library's pick (`_common.split_plan`) is the `verify_sparse` record.
+SPARSE_SPLIT_SWEEP = (1, 2, 4, 8)
 
 
 def verify_heads(variant: str, N: int, K: int, n_layers: int) -> tuple:
@@ -295,6 +301,8 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
       ("select", budget)  `sparse_verify._select`: I_verify from A_D and A_T (`dustin.select_verify`: sink, window,
                           tier 1 by A_D, tier 2 by A_T), once per verification for every layer
       ("select", budget, signals)  the same for the one-tier splits "draft" and "target" (`VERIFY_SIGNALS`)
+      ("sparse_splits", n)  the first budget's sparse part through the kernel with n split-K programs per
+                          (sequence, KV head) instead of the library's choice (`SPARSE_SPLIT_SWEEP`)
     Cache: bf16 [1, B, S, K, H] (layer 0 of a stacked cache, read in place as the model reads it), every sequence
     at kv_len = S with the T verified tokens in its last slots (prefix base = S - T); the probes read a stack of
     their own target layers' keys. `Verify` defaults otherwise (sink 4, window 64, tier 1 = half the free
@@ -355,6 +363,14 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
     def sparse(q, idx, n_valid, k_all, v_all, kv_len):
         return attention.sparse(q, k_all, v_all, 0, kv_len, idx, n_valid, impl=impl)
 
+    def sparse_splits(n):
+        bs = dataclasses.replace(_sparse_defaults(T * G, H), num_splits=n)
+
+        def run(q, idx, n_valid, k_all, v_all, kv_len):
+            return pk.sparse_attention(q, k_all, v_all, idx, n_valid, kv_len, layer=0, block_sizes=bs,
+                                       interpret=interpret)[0]
+        return run
+
     v0 = spec_of(budgets[0]).verify
     case = dict(dense=(part(dense, 1), (q, k_all, v_all, kv_len)), idx={},
                 meta=dict(N=N, K=K, H=H, T=T, n_layers=n_layers, sink=v0.sink, window=v0.window,
@@ -370,6 +386,8 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
             case["select", budget, signals] = (part(select_fn(spec_of(budget, signals=signals)), 2), (a_d, a_t, base))
         case["sparse", budget] = (part(sparse, 3), (q, idx, n_valid, k_all, v_all, kv_len))
         case["meta"]["gathered", budget] = 2 * B * (budget + T) * K * H * 2 + 2 * B * T * N * H * 2
+    for n in SPARSE_SPLIT_SWEEP:
+        case["sparse_splits", n] = (part(sparse_splits(n), 3), case["sparse", budgets[0]][1])
     for hv, hs in heads.items():
         n = 1 + max(l for l, _ in hs)
         groups = len({(l, h // G) for l, h in hs})
@@ -378,6 +396,11 @@ def verify_case(model, B, S, budgets, heads_variants, *, interpret, key=0, calls
         case["meta"]["heads", hv] = dict(heads=hv, n_target_heads=len(hs), target_layers=n, target_groups=groups,
                                          probe_bytes=groups * B * S * H * 2)
     return case
+
+
+def _sparse_defaults(rows: int, head_dim: int) -> pk.BlockSizes:
+    import importlib
+    return importlib.import_module("pallas_kernels.sparse_attention").default_block_sizes(rows, head_dim, DTYPE)
 
 
 def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret=False, calls=VERIFY_CALLS):
@@ -430,6 +453,9 @@ def bench_verify(run: Runner, model, B, S, budgets, heads_variants, *, interpret
             run.records.append(_dustin_record(dense, sparse, one, None if draft else probes[hv], meta,
                                               NO_PROBE if draft else meta["heads", hv], budget=budget,
                                               signals=signals, **shape))
+    for n in SPARSE_SPLIT_SWEEP:   # the library's split plan against fixed counts, first budget only
+        run.measure("verify_sparse_splits", *case["sparse_splits", n], bytes_moved=meta["gathered", budgets[0]],
+                    mem=0, calls=calls, budget=budgets[0], num_splits=n, **shape)
     del case
 
 
@@ -527,7 +553,11 @@ def verify_summary(records, model, B, S, budget=512, heads=SUMMARY_HEADS) -> dic
                                                     if x["budget"] == budget and x["heads"] in (heads, "none")},
             # the same two figures with the probe's Pallas kernel (None where it was not timed)
             "verify_attention_speedup_probe_xla": r.get("speedup_verification_probe_xla"),
-            "estimation_overhead_frac_probe_xla": r.get("estimation_frac_probe_xla")}
+            "estimation_overhead_frac_probe_xla": r.get("estimation_frac_probe_xla"),
+            # the sparse part per layer with fixed split-K counts (`SPARSE_SPLIT_SWEEP`) beside the library's pick
+            "verify_sparse_ms_by_splits": {"auto": r["sparse_ms"], **{
+                x["num_splits"]: x["time_ms"] for x in records if x["kernel"] == "verify_sparse_splits"
+                and "time_ms" in x and x["model"] == model and x["B"] == B and x["S"] == S and x["budget"] == budget}}}
 
 
 def summarize(records, copy_gbps):

@@ -29,7 +29,9 @@ def test_verify_section_records():
                      ("verify_probe", "default", None, None), ("verify_probe_xla", "srh4", None, None),
                      ("verify_probe_xla", "default", None, None), ("verify_sparse", None, 128, None),
                      ("verify_select", None, 128, "hybrid"), ("verify_select", None, 128, "draft"),
-                     ("verify_select", None, 128, "target")}
+                     ("verify_select", None, 128, "target"), ("verify_sparse_splits", None, 128, None)}
+    assert sorted(r["num_splits"] for r in recs if r["kernel"] == "verify_sparse_splits") == \
+        sorted(kernels.SPARSE_SPLIT_SWEEP)
     assert all(r["time_ms"] > 0 for r in recs if "time_ms" in r)
     every = [r for r in recs if r["kernel"] == "dustin_verify"]
     assert sorted((r["signals"], r["heads"]) for r in every) == [
@@ -60,6 +62,9 @@ def test_verify_section_records():
     assert s["verify_attention_speedup_by_signals"] == {
         k: by[k, h]["speedup_verification"] for k, h in (("hybrid", "srh4"), ("draft", "none"), ("target", "srh4"))}
     assert set(s["estimation_overhead_frac_by_signals"]) == {"hybrid", "draft", "target"}
+    splits = s["verify_sparse_ms_by_splits"]
+    assert splits["auto"] == hybrid["sparse_ms"] and set(splits) == {"auto", *kernels.SPARSE_SPLIT_SWEEP}
+    assert all(v > 0 for v in splits.values())
     assert kernels.verify_summary(recs, kernels.SUMMARY_MODEL, 16, 32768) == {}
 
 
@@ -78,6 +83,12 @@ def test_verify_case_times_the_right_attention():
     sparse = np.asarray(jax.jit(fn)(*args), np.float32)
     np.testing.assert_allclose(dense, want, atol=2e-2, rtol=2e-2)
     np.testing.assert_allclose(sparse, want, atol=2e-2, rtol=2e-2)
+    # the split sweep reads the first budget's selection: the same attention whatever the split count
+    for n in kernels.SPARSE_SPLIT_SWEEP:
+        fn, args = case["sparse_splits", n]
+        np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args), np.float32),
+                                   np.asarray(jax.jit(case["sparse", 128][0])(*case["sparse", 128][1]), np.float32),
+                                   atol=2e-2, rtol=2e-2, err_msg=f"num_splits={n}")
     # The probe: softmax weights of rows 0 and T-1 on the 4 target heads, each row summing to 1 over the prefix.
     fn, args = case["probe", "srh4"]
     a_t = np.asarray(jax.jit(fn)(*args))
