@@ -182,8 +182,10 @@ def test_exact_summary_on_a_tiny_model():
                           log=lambda *_: None)
     assert [r["method"] for r in records] == ["ar", "vegas+lookup2:gamma=6,budget=16,min_tokens=8"]
     for r in records:
-        d = r["default_tokens_per_s"]   # rounded to 0.1 tok/s in the record, the fraction from the raw figures
-        assert r["exact"] and d > 0 and abs(r["exact_cost_frac"] - (d - r["tokens_per_s"]) / d) < 1e-3
+        # both rates are rounded to 0.1 tok/s in the record and the fraction (to 4 places) comes from the raw
+        # ones: they agree within 0.1 / d (+ the fraction's rounding); a slow, busy CPU makes d small
+        d = r["default_tokens_per_s"]
+        assert r["exact"] and d > 0 and abs(r["exact_cost_frac"] - (d - r["tokens_per_s"]) / d) < 0.1 / d + 1e-4
     assert records[0]["rounds_max"] == 5 and 1 <= records[1]["rounds_max"] <= 5   # 6 new: 5 after the prefill's
     s = bench.exact_summary(records)
     assert s["exact_rows_identical_frac_min"] == 1.0 and s["exact_methods"] == [records[1]["method"]]
