@@ -432,6 +432,18 @@ def document_summary(records: list, peers: list, settings: dict) -> dict:
     return summary
 
 
+def _read_result(path: str) -> dict:
+    """A result JSON of `jspec bench` (anything without records is refused with a one-line error)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot read {path!r}: {e}") from None
+    if not isinstance(doc, dict) or "records" not in doc:
+        raise BenchError(f"{path!r} is not a jspec bench result")
+    return doc
+
+
 def _write_json(doc: dict, path: str):
     with open(path + ".part", "w") as f:
         json.dump(doc, f, indent=1)
@@ -445,13 +457,9 @@ def merge(paths: list, out: str) -> dict:
     source (commit and tree hash) and device with the same settings (shapes aside), every shape is in
     exactly one file, and each shape has its ar record. `provenance.runs` lists each call; each record says
     which (`run`)."""
-    docs = []
-    for p in paths:
-        try:
-            docs.append(json.load(open(p)))
-        except (OSError, ValueError) as e:
-            raise BenchError(f"cannot read {p!r}: {e}") from None
-        if not isinstance(docs[-1], dict) or not {"provenance", "settings", "records"} <= set(docs[-1]):
+    docs = [_read_result(p) for p in paths]
+    for p, d in zip(paths, docs):
+        if not {"provenance", "settings"} <= set(d):
             raise BenchError(f"{p!r} is not a jspec bench result")
     if len(docs) < 2:
         raise BenchError("--merge needs at least two result files")
@@ -644,10 +652,7 @@ def run(a) -> int:
         _print_table(doc["records"], doc["peers"])
         return 0
     if a.replot:
-        try:
-            doc = json.load(open(a.replot))
-        except (OSError, ValueError) as e:
-            raise BenchError(f"cannot read {a.replot!r}: {e}") from None
+        doc = _read_result(a.replot)
         print(f"wrote {plot(doc['records'], doc.get('peers', []), os.path.splitext(a.replot)[0] + '.png')}")
         _print_table(doc["records"], doc.get("peers", []))
         return 0

@@ -211,13 +211,13 @@ def _exact_tree(q, k, v, prefix_len, tree_mask, *, K, G, sm_scale, block_sizes, 
                                block_k=block_k, per_split=per_split)
     k, v, layer = C.as_stacked(k, v, layer)
     kv_spec = C.kv_block_spec(k)
-    scalar = pl.BlockSpec((None,), lambda b, *_: (b,))
+    scalar = pl.BlockSpec((None,), lambda b, h, m, s: (b,))
     o, lse = pl.pallas_call(
         kernel,
         grid=(B, K, n_m, splits),
         in_specs=[C.LAYER_SPEC, scalar, scalar,
-                  pl.BlockSpec((None, nP), lambda b, *_: (b, 0)),
-                  pl.BlockSpec((None, nP, n), lambda b, *_: (b, 0, 0)),
+                  pl.BlockSpec((None, nP), lambda b, h, m, s: (b, 0)),
+                  pl.BlockSpec((None, nP, n), lambda b, h, m, s: (b, 0, 0)),
                   pl.BlockSpec((None, None, block_m, H), lambda b, h, m, s: (b, h, m, 0)),
                   kv_spec, kv_spec],
         out_specs=[pl.BlockSpec((None, None, None, block_m, H), lambda b, h, m, s: (s, b, h, m, 0)),
