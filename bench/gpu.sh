@@ -11,7 +11,8 @@
 # Modes (each writes $OUT/bench_<mode>_${SUF}.json + .png + _log.txt):
 #   b64 / b16 / b1   the headline grid at L=7936 (+ 256 new = 8192 positions) for one batch size: ar, streaming, vegas (pages of 8),
 #                    longspec, each with and without prompt lookup; Hugging Face peers in the same run. LENGTHS=2048,7936:
-#                    issue 31's two contexts; TAG: a file-name suffix. `python bench/step_overhead.py --bench <the three
+#                    issue 31's two contexts; TAG: a file-name suffix; SERIAL (8): b1 decodes that many prompts one
+#                    at a time (`jspec bench --serial`) instead of one prompt. `python bench/step_overhead.py --bench <the three
 #                    files> --profile <profile_step file>` then sums them up against issue 31's targets
 #   lossless         --check-lossless (float32, highest matmul precision) at L=7936, B=64: every lossless method
 #   continue64       the `continue` workload (raw fixed-length windows, stop tokens ignored) at L=$LENGTHS (7936), B=64
@@ -73,7 +74,7 @@ for mode in "$@"; do
     stage2) cp .gpu/z2/* $C/ && cat $C/model.gz.* | gunzip > $C/smollm2-135m.gguf && rm $C/model.gz.* &&
             echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $C/smollm2-135m.gguf" | sha256sum -c - ;;
     b64|b16|b1) run "$mode${TAG:-}" "${T_RUN:-560}" --methods "$METHODS" --lengths "${LENGTHS:-7936}" --batches "${mode#b}" \
-                  --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
+                  --serial "${SERIAL:-8}" --peers "${PEERS-hf,hf-compile}" --peer-timeout "${T_PEER:-200}" ;;
     lossless) run lossless "${T_RUN:-560}" --methods "$LOSSLESS" --lengths 7936 --batches 64 --check-lossless ;;
     exact|exact64|exact16) bs=${mode#exact}; timeout "${T_RUN:-560}" python3 -m jspec.bench --texts $C/corpus \
                   --out "$OUT/${mode}${TAG:-}_${SUF}.json" --exact --exact-cost --methods "$LOSSLESS" --lengths 7936 \

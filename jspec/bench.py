@@ -26,6 +26,12 @@ to the summary the least share of rows identical to ar over the other methods (1
 docs/methods.md, "Lossless"); `--exact-cost` also times each method in the default mode in the same call and
 records exact mode's cost, (default tokens/s - exact tokens/s) / default tokens/s, per method and its maximum.
 
+`--serial N` (B=1 shapes): N prompts decoded one after another, each alone in its batch, as one record (tokens/s
+over all of them, tau from their summed acceptance counts, identity and distinct tokens over the N rows). Every
+such prompt has L tokens (a chat prompt may have a few fewer), so one compilation serves them all; the peers run
+them alike. One prompt at
+B=1 measures one answer, which may end after a few tokens.
+
 `--peers hf,hf-compile` times Hugging Face transformers on the same prompts in a separate process first
 (`jspec.peers`; needs torch). The file carries its provenance (`jspec.provenance`): a run from a tree that
 differs from its commit is refused unless `--allow-dirty`.
@@ -214,11 +220,12 @@ def _chat(tok, body: str) -> list:
     return tok.encode(body + "\nAnswer:", add_special_tokens=False)
 
 
-def long_tasks(tok, texts: _Texts, L: int, B: int) -> list[Prompt]:
-    """B prompts of ragged lengths in [0.9 L, L]: summaries, questions, code and prose continuations in turn."""
+def long_tasks(tok, texts: _Texts, L: int, B: int, ragged: bool = True) -> list[Prompt]:
+    """B prompts of ragged lengths in [0.9 L, L] (ragged=False: L tokens each, a chat prompt a few fewer where
+    re-tokenising its text shifts the count): summaries, questions, code and prose continuations in turn."""
     rows = []
     for i in range(B):
-        n = L - (i * 2654435761) % max(1, L // 10)
+        n = L - (i * 2654435761) % max(1, L // 10) if ragged else L
         kind = KINDS[i % len(KINDS)]
         if kind.startswith("continue"):
             src, ids = texts.window(kind.split("-")[1], i, n)
@@ -262,7 +269,14 @@ def folder_prompts(tok, path: str, L: int, B: int, chat: bool) -> list[Prompt]:
     return out
 
 
-def make_prompts(tok, workload: str, L: int, B: int, texts: Optional[_Texts], chat: bool = False) -> list[Prompt]:
+def make_prompts(tok, workload: str, L: int, B: int, texts: Optional[_Texts], chat: bool = False,
+                 serial: int = 1) -> list[Prompt]:
+    """The prompts of one (L, B) shape: B rows, or at B=1 with serial > 1 that many rows of ~L tokens
+    (`--serial`: decoded one at a time)."""
+    if B == 1 and serial > 1:
+        B = serial
+        if workload == "long-tasks":
+            return long_tasks(tok, texts, L, B, ragged=False)
     if workload == "long-tasks":
         return long_tasks(tok, texts, L, B)
     if workload == "continue":
@@ -313,21 +327,50 @@ def fidelity(spec: MethodSpec, methods: list, outputs: dict) -> Optional[dict]:
                 rows_identical=round(sum(a == b for a, b in zip(ref, got)) / len(ref), 4))
 
 
+def serial_output(outs: list):
+    """One `jspec.Output` for prompts decoded one after another (`--serial`), as if they were rows of one run:
+    rows in order, times summed, tokens/s = every row's new tokens after its first over the summed decode time
+    (as `jspec.generate` counts a batch), tau from the summed acceptance histograms, rounds per row."""
+    import numpy as np
+
+    from jspec.api import Output, Stats
+    st = [o.stats for o in outs]
+    cat = lambda field: None if getattr(st[0], field) is None else sum((getattr(s, field) for s in st), [])
+    decode = sum(s.decode_s for s in st)
+    rows = sum((o.tokens for o in outs), [])
+    stats = Stats(method=st[0].method, batch=1, prompt_tokens=cat("prompt_tokens"), new_tokens=cat("new_tokens"),
+                  prefill_s=sum(s.prefill_s for s in st), decode_s=decode,
+                  tokens_per_s=sum(max(len(t) - 1, 0) for t in rows) / max(decode, 1e-9), rounds=cat("rounds"),
+                  tau_per_sequence=cat("tau_per_sequence"), knobs=st[0].knobs, lossless=all(s.lossless for s in st))
+    if st[0].accept_hist is not None:
+        hist = np.sum([s.accept_hist for s in st], axis=0)
+        stats.accept_hist = hist.tolist()
+        stats.tau = float((hist * np.arange(1, len(hist) + 1)).sum() / max(hist.sum(), 1))
+    return Output(texts=sum((o.texts for o in outs), []), tokens=rows, stats=stats)
+
+
 def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: bool, reps: int, impl,
-               temperature: float = 0.0, seed: int = 0):
+               temperature: float = 0.0, seed: int = 0, serial: bool = False):
     """Warm-up call (compilation), then `reps` timed calls of `jspec.generate`; the fastest is kept.
-    reps=0: one call, no warm-up (its time includes compilation: for checks that only need the tokens)."""
+    reps=0: one call, no warm-up (its time includes compilation: for checks that only need the tokens).
+    serial: each prompt alone, one after another (`serial_output`); the warm-up runs one prompt of each length."""
     import jspec
     kw = dict(method=spec.method, max_new_tokens=new, ignore_eos=ignore_eos, impl=impl, temperature=temperature,
               seed=seed, **dict(spec.knobs))
+
+    def call(rows):
+        if not serial:
+            return jspec.generate(model, rows, **kw)
+        return serial_output([jspec.generate(model, [p], **kw) for p in rows])
+
     if reps == 0:
-        return jspec.generate(model, prompts, **kw), 0.0
+        return call(prompts), 0.0
     t = time.perf_counter()
-    jspec.generate(model, prompts, **kw)
+    call(list({len(p): p for p in prompts}.values()) if serial else prompts)
     warm_s = time.perf_counter() - t
     best = None
     for _ in range(reps):
-        out = jspec.generate(model, prompts, **kw)
+        out = call(prompts)
         if best is None or out.stats.decode_s < best.stats.decode_s:
             best = out
     return best, warm_s
@@ -335,8 +378,10 @@ def run_method(model, spec: MethodSpec, prompts: list, *, new: int, ignore_eos: 
 
 def bench(model, *, methods: list, lengths: list, batches: list, workload: str = "long-tasks", new: int = 256,
           texts_dir: Optional[str] = None, ignore_eos: bool = False, reps: int = 1, chat: bool = False,
-          lossless_check: bool = False, impl=None, cost_impl=None, log=print, on_record=None) -> list[dict]:
+          lossless_check: bool = False, impl=None, cost_impl=None, serial: int = 1, log=print,
+          on_record=None) -> list[dict]:
     """Every method on every (L, B) shape, one prompt set per shape; records as the module docstring says.
+    serial > 1: B=1 shapes decode that many prompts one after another (`--serial`).
     `on_record(records)` is called after each method (the CLI rewrites its JSON: a killed run keeps its rows).
     cost_impl: also time each method with this impl (the default mode, against an exact-mode `impl`) and record
     default_tokens_per_s and exact_cost_frac = (default - exact) / default tokens/s."""
@@ -350,7 +395,8 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
     records = []
     for L in lengths:
         for B in batches:
-            prompts = make_prompts(tok, workload, L, B, texts, chat)
+            prompts = make_prompts(tok, workload, L, B, texts, chat, serial)
+            one_by_one = len(prompts) > B
             ids = [p.tokens for p in prompts]
             lens = [len(t) for t in ids]
             log(f"L={L} B={B}: prompt tokens {min(lens)}-{max(lens)} ({Counter(p.kind for p in prompts)})")
@@ -358,24 +404,29 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
             for spec in methods:
                 # The lossless check needs tokens, not times: one call per method, compilation included.
                 out, warm_s = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos,
-                                         reps=0 if lossless_check else reps, impl=impl)
+                                         reps=0 if lossless_check else reps, impl=impl, serial=one_by_one)
                 s, toks = out.stats, out.tokens
                 if spec.method == "ar" and ref is None:
                     ref = dict(tokens=toks, tps=s.tokens_per_s)
                 diffs = differences(ref["tokens"], toks)
+                rows = len(toks)
                 rec = dict(method=spec.label, base_method=spec.method, knobs=s.knobs or dict(spec.knobs),
                            lookup=int(dict(spec.knobs).get("lookup", 0)), L=L, B=B,
                            workload=workload, prompt_tokens_min=min(lens), prompt_tokens_max=max(lens),
                            prompt_tokens_mean=round(sum(lens) / len(lens), 1),
-                           new_tokens_mean=round(sum(s.new_tokens) / B, 1), tokens_per_s=round(s.tokens_per_s, 1),
+                           new_tokens_mean=round(sum(s.new_tokens) / rows, 1), tokens_per_s=round(s.tokens_per_s, 1),
                            decode_s=round(s.decode_s, 4), prefill_s=round(s.prefill_s, 4), warmup_s=round(warm_s, 1),
                            tau=round(s.tau, 3), speedup_vs_ar=round(s.tokens_per_s / ref["tps"], 3),
-                           rows_identical_to_ar=round(1 - len(diffs) / B, 4), lossless=s.lossless,
+                           rows_identical_to_ar=round(1 - len(diffs) / rows, 4), lossless=s.lossless,
                            distinct_token_share=distinct_share(toks), kinds=[p.kind for p in prompts])
                 # The batch loops until its slowest row is done: its rounds (ar: one per token after the
                 # prefill's) and the time of one, which compares workloads whose rows differ in tau or length.
-                rounds = max(s.rounds) if s.rounds else max(s.new_tokens) - 1
-                rec.update(rounds_max=int(rounds), round_ms=round(1000 * s.decode_s / max(rounds, 1), 3))
+                # Serial prompts ran one after another: the rounds of all of them took the summed decode time.
+                per_row = s.rounds if s.rounds else [max(n - 1, 0) for n in s.new_tokens]
+                rounds = sum(per_row) if one_by_one else max(per_row)
+                rec.update(rounds_max=int(max(per_row)), round_ms=round(1000 * s.decode_s / max(rounds, 1), 3))
+                if one_by_one:
+                    rec["serial"] = rows   # prompts decoded one at a time, each alone in its batch
                 outputs[spec.label] = toks
                 if not s.lossless:   # against the same drafter verified densely, when this run has it
                     rec["fidelity"] = fidelity(spec, methods, outputs)
@@ -384,7 +435,8 @@ def bench(model, *, methods: list, lengths: list, batches: list, workload: str =
                 if impl.exact:   # where a row leaves exact ar's output says which step broke the guarantee
                     rec.update(exact=True, differences=diffs)
                 if cost_impl is not None:   # the same method and prompts in the default mode, timed alike
-                    base, _ = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos, reps=reps, impl=cost_impl)
+                    base, _ = run_method(model, spec, ids, new=new, ignore_eos=ignore_eos, reps=reps, impl=cost_impl,
+                                         serial=one_by_one)
                     d = base.stats.tokens_per_s
                     rec.update(default_tokens_per_s=round(d, 1), exact_cost_frac=round((d - s.tokens_per_s) / d, 4))
                 records.append(rec)
@@ -426,7 +478,8 @@ def document_summary(records: list, peers: list, settings: dict) -> dict:
         summary["lossless"] = {m: min(r["rows_identical_to_ar"] for r in records if r["method"] == m)
                                for m in settings["methods"] if m in done
                                if all(r["lossless"] for r in records if r["method"] == m)}
-        summary["rows_checked_per_method"] = sum(settings["batches"]) * len(settings["lengths"])
+        rows = [settings.get("serial", 1) if b == 1 else b for b in settings["batches"]]
+        summary["rows_checked_per_method"] = sum(rows) * len(settings["lengths"])
     if settings.get("exact"):
         summary.update(exact_summary(records))
     return summary
@@ -466,7 +519,11 @@ def merge(paths: list, out: str) -> dict:
     first = docs[0]
     source = lambda d: tuple(d["provenance"].get(k) for k in ("commit", "tree_hash", "dirty", "device", "jax",
                                                                 "xla_flags", "matmul_precision"))
-    same = lambda d: {k: v for k, v in d["settings"].items() if k not in ("lengths", "batches", "methods")}
+    # --serial shapes only B=1's prompts (its records say how many ran): it may differ for files without B=1
+    same = lambda d: {k: v for k, v in d["settings"].items() if k not in ("lengths", "batches", "methods", "serial")}
+    serials = {d["settings"].get("serial", 1) for d in docs if any(r["B"] == 1 for r in d["records"])}
+    if len(serials) > 1:
+        raise BenchError(f"the B=1 shapes were run with different --serial ({sorted(serials)})")
     shapes, records, peers, runs = {}, [], [], []
     for i, (p, d) in enumerate(zip(paths, docs)):
         if source(d) != source(first):
@@ -489,6 +546,8 @@ def merge(paths: list, out: str) -> dict:
                          shapes=sorted({f"L{r['L']}_B{r['B']}" for r in d["records"]})))
     settings = dict(first["settings"], lengths=sorted({L for L, _ in shapes}), batches=sorted({B for _, B in shapes}),
                     methods=list(dict.fromkeys(m for d in docs for m in d["settings"]["methods"])))
+    if "serial" in first["settings"] or serials:
+        settings["serial"] = serials.pop() if serials else 1
     doc = dict(provenance=dict(first["provenance"], runs=runs), settings=settings,
                complete=all(d.get("complete") for d in docs), wall_s=round(sum(d.get("wall_s") or 0 for d in docs), 1),
                records=records, peers=peers, summary=document_summary(records, peers, settings))
@@ -610,6 +669,9 @@ def add_arguments(ap):
                          "running Python's standard library and pydoc topics")
     ap.add_argument("--chat", action="store_true", help="with a prompt folder: wrap each file in the chat template")
     ap.add_argument("--ignore-eos", action="store_true", help="decode every row to --new-tokens")
+    ap.add_argument("--serial", type=int, default=1, metavar="N",
+                    help="at B=1: decode N prompts of ~L tokens one after another, each alone, as one record "
+                         "(the peers alike); default 1: one prompt")
     ap.add_argument("--reps", type=int, default=1, help="timed calls per method after the warm-up (fastest kept)")
     ap.add_argument("--check-lossless", action="store_true",
                     help="float32 weights with the highest matmul precision: list every row where a lossless "
@@ -662,6 +724,8 @@ def run(a) -> int:
     lengths, batches = _ints(a.lengths, "--lengths"), _ints(a.batches, "--batches")
     if a.reps < 1:
         raise BenchError(f"--reps must be >= 1, got {a.reps}")
+    if a.serial < 1:
+        raise BenchError(f"--serial must be >= 1, got {a.serial}")
     if a.new_tokens < 1:
         raise BenchError(f"--new-tokens must be >= 1, got {a.new_tokens}")
     if a.exact_cost and not a.exact:
@@ -698,7 +762,7 @@ def run(a) -> int:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(f"{path}/tokenizer")
         texts = _Texts(tok, *text_sources(a.texts)) if a.workload in ("long-tasks", "continue") else None
-        shapes = {f"{L}x{B}": [p.tokens for p in make_prompts(tok, a.workload, L, B, texts, a.chat)]
+        shapes = {f"{L}x{B}": [p.tokens for p in make_prompts(tok, a.workload, L, B, texts, a.chat, a.serial)]
                   for L in lengths for B in batches}
         ppath = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
         json.dump(shapes, open(ppath, "w"))
@@ -716,7 +780,8 @@ def run(a) -> int:
     t0 = time.perf_counter()
     prov = provenance.record(allow_dirty=True)   # checked above; the record keeps dirty/verified as found
     settings = dict(methods=[m.label for m in methods], lengths=lengths, batches=batches, workload=a.workload,
-                    texts=a.texts, new_tokens=a.new_tokens, ignore_eos=a.ignore_eos, reps=a.reps, exact=a.exact,
+                    texts=a.texts, new_tokens=a.new_tokens, ignore_eos=a.ignore_eos, reps=a.reps, serial=a.serial,
+                    exact=a.exact,
                     exact_cost=a.exact_cost, check_lossless=a.check_lossless,
                     dtype=str(jax.tree.leaves(model.params)[0].dtype))
     if a.exact:   # False: this model or device falls back to the default path, and the run is not exact mode
@@ -732,7 +797,7 @@ def run(a) -> int:
     records = bench(model, methods=methods, lengths=lengths, batches=batches, workload=a.workload,
                     new=a.new_tokens, texts_dir=a.texts, ignore_eos=a.ignore_eos, reps=a.reps, chat=a.chat,
                     lossless_check=a.check_lossless, impl=impl, cost_impl=AttnImpl() if a.exact_cost else None,
-                    on_record=write)
+                    serial=a.serial, on_record=write)
     write(records, complete=True)
     png = plot(records, peer_records, os.path.splitext(a.out)[0] + ".png")
     print(f"wrote {a.out}" + (f" and {png}" if png else ""))

@@ -5,7 +5,9 @@
 `hf`: greedy `generate` with a static cache, torch.compile off (eager PyTorch, SDPA attention).
 `hf-compile`: the same with the decode steps under `torch.compile(mode="reduce-overhead", fullgraph=True)` (CUDA
 graphs; transformers' own compile of a static-cache generate, the prefill stays eager).
-Prompts: {"LxB": [[token ids], ...]}; ragged rows are left-padded with an attention mask. The weights are the
+Prompts: {"LxB": [[token ids], ...]}; ragged rows are left-padded with an attention mask. A shape with more rows
+than B (`jspec bench --serial` at B=1) runs them B at a time, one batch after another (`batches_of`), and reports
+them as one record: every batch's new tokens over the summed decode time. The weights are the
 checkpoint's source (config.json "source": an HF folder, or a GGUF file that transformers dequantises and
 that is saved once as bf16 beside the checkpoint). Tokens/s counts, as jspec does, the new tokens after the
 first over the decode time (a full generate minus a one-token generate on the same prompts).
@@ -39,6 +41,13 @@ def _hf_dir(model_dir: str, torch, AutoModelForCausalLM) -> str:
     return out
 
 
+def batches_of(rows: list, B: int) -> list:
+    """The batches a shape's rows run as: all at once when there are B of them, else B at a time in order."""
+    if len(rows) <= B:
+        return [rows]
+    return [rows[i:i + B] for i in range(0, len(rows), B)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--peer", choices=["hf", "hf-compile"], required=True)
@@ -62,8 +71,9 @@ def main(argv=None):
     pad = stops[0] if stops else 0
     shapes = json.load(open(a.prompts))
     records = []
-    for key, rows in shapes.items():
-        L, B = (int(x) for x in key.split("x"))
+
+    def gen(rows, n):
+        """(new tokens per row, seconds) of one greedy generate of n tokens over `rows`."""
         T = max(len(r) for r in rows)
         ids = torch.full((len(rows), T), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), T), dtype=torch.long)
@@ -73,25 +83,29 @@ def main(argv=None):
         ids, mask = ids.cuda(), mask.cuda()
         kw = dict(attention_mask=mask, do_sample=False, cache_implementation="static", pad_token_id=pad,
                   disable_compile=not compiled)
-        kw.update(dict(eos_token_id=stops) if stops else dict(min_new_tokens=a.new, eos_token_id=None))
+        kw.update(dict(eos_token_id=stops) if stops else dict(min_new_tokens=min(n, a.new), eos_token_id=None))
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        return out[:, T:].tolist(), time.perf_counter() - t
 
-        def gen(n):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            with torch.no_grad():
-                out = model.generate(ids, max_new_tokens=n, **({**kw, "min_new_tokens": min(n, a.new)}
-                                                               if not stops else kw))
-            torch.cuda.synchronize()
-            return out, time.perf_counter() - t
-
+    for key, rows in shapes.items():
+        L, B = (int(x) for x in key.split("x"))
+        batches = batches_of(rows, B)
         rec = dict(peer=a.peer, L=L, B=B, torch=torch.__version__, transformers=transformers.__version__,
                    device=torch.cuda.get_device_name(0), compiled="decode steps, reduce-overhead" if compiled else "no")
+        if len(batches) > 1:
+            rec["serial"] = len(rows)
         try:
-            gen(a.new)                       # warm-up (compilation and CUDA graphs for hf-compile)
-            gen(1)
-            out, total = gen(a.new)
-            _, prefill = gen(1)
-            new = out[:, T:].tolist()
+            gen(batches[0], a.new)            # warm-up (compilation and CUDA graphs for hf-compile)
+            gen(batches[0], 1)
+            new, total, prefill = [], 0.0, 0.0
+            for rows_b in batches:             # each batch timed alone: a full generate, then a one-token one
+                got, t_all = gen(rows_b, a.new)
+                _, t_one = gen(rows_b, 1)
+                new, total, prefill = new + got, total + t_all, prefill + t_one
             counts = []
             for r in new:                     # tokens up to and including the first stop token
                 n = next((j + 1 for j, t in enumerate(r) if t in stops), len(r)) if stops else len(r)

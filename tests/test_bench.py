@@ -105,13 +105,52 @@ def test_long_tasks_are_ragged_mixed_and_within_length():
     assert bench.long_tasks(tok, texts, L, B)[3].tokens == rows[3].tokens    # the same prompts every call
     fixed = bench.continuations(texts, 500, 4)
     assert [len(p.tokens) for p in fixed] == [500] * 4 and fixed[0].tokens != fixed[2].tokens
+    # --serial at B=1: that many prompts, the same kinds in turn, each L tokens (a chat prompt may lose a few when
+    # its text is re-tokenised; all stay in one 64-token padding bucket, so one compilation)
+    serial = bench.make_prompts(tok, "long-tasks", L, 1, texts, serial=6)
+    assert all(L - 16 <= len(p.tokens) <= L for p in serial) and [p.kind for p in serial] == list(bench.KINDS) + ["summary",
+                                                                                                    "continue-code"]
+    assert len(bench.make_prompts(tok, "long-tasks", L, 1, texts)) == 1
+    assert len(bench.make_prompts(tok, "long-tasks", L, 4, texts, serial=6)) == 4   # other B: unchanged
+
+
+def test_serial_output_sums_the_runs_as_rows_of_one():
+    """Prompts decoded one after another read as rows of one run: figures worked out by hand."""
+    from jspec.api import Output, Stats
+    a = Output(texts=["a"], tokens=[[1, 2, 3, 4, 5]], stats=Stats(
+        method="vegas", batch=1, prompt_tokens=[40], new_tokens=[5], prefill_s=0.1, decode_s=0.5, tokens_per_s=8.0,
+        tau=1.25, accept_hist=[3, 1, 0], rounds=[4], tau_per_sequence=[1.25], knobs={"gamma": 2}))
+    b = Output(texts=["b"], tokens=[[7, 8, 9]], stats=Stats(
+        method="vegas", batch=1, prompt_tokens=[40], new_tokens=[3], prefill_s=0.2, decode_s=0.25, tokens_per_s=8.0,
+        tau=2.0, accept_hist=[0, 1, 0], rounds=[1], tau_per_sequence=[2.0], knobs={"gamma": 2}))
+    out = bench.serial_output([a, b])
+    s = out.stats
+    assert out.tokens == [[1, 2, 3, 4, 5], [7, 8, 9]] and out.texts == ["a", "b"]
+    assert s.new_tokens == [5, 3] and s.prompt_tokens == [40, 40] and s.rounds == [4, 1]
+    assert s.decode_s == pytest.approx(0.75) and s.prefill_s == pytest.approx(0.3)
+    assert s.tokens_per_s == pytest.approx((4 + 2) / 0.75)      # new tokens after each row's first
+    assert s.accept_hist == [3, 2, 0] and s.tau == pytest.approx((3 * 1 + 2 * 2) / 5)
+    assert s.tau_per_sequence == [1.25, 2.0] and s.batch == 1 and s.lossless
+    ar = Output(texts=["c"], tokens=[[1, 2]], stats=Stats(method="ar", batch=1, prompt_tokens=[9], new_tokens=[2],
+                                                          prefill_s=0.1, decode_s=0.1, tokens_per_s=10.0))
+    s = bench.serial_output([ar, ar]).stats
+    assert s.tau == 1.0 and s.accept_hist is None and s.rounds is None and s.tokens_per_s == pytest.approx(2 / 0.2)
+
+
+def test_peers_run_extra_rows_a_batch_at_a_time():
+    from jspec.peers import batches_of
+    rows = [[1], [2, 2], [3], [4]]
+    assert batches_of(rows, 4) == [rows] and batches_of(rows[:2], 4) == [rows[:2]]
+    assert batches_of(rows, 1) == [[[1]], [[2, 2]], [[3]], [[4]]]
+    assert batches_of(rows, 2) == [[[1], [2, 2]], [[3], [4]]]
 
 
 def test_bad_requests_are_errors_before_any_work(capsys):
     for argv, msg in [(["--methods", "vegas:frob=1"], "unknown knob"), (["--batches", "0"], "positive"),
                       (["--lengths", "x"], "integers"), (["--workload", "nowhere"], "unknown workload"),
                       (["--peers", "vllm"], "unknown peer"), (["--new-tokens", "0"], ">= 1"),
-                      (["--reps", "0"], ">= 1"), (["--replot", "/nonexistent.json"], "cannot read")]:
+                      (["--reps", "0"], ">= 1"), (["--serial", "0"], "--serial must be >= 1"),
+                      (["--replot", "/nonexistent.json"], "cannot read")]:
         assert bench.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error:") and msg in err
@@ -198,14 +237,51 @@ def test_exact_summary_on_a_tiny_model():
                                          "exact_cost_frac_max": None, "exact_cost_frac": {}}
 
 
+def test_serial_b1_on_a_tiny_model():
+    """`--serial` end to end: B=1 runs three prompts of exactly L tokens one at a time as one record per method;
+    each row equals its prompt decoded alone through `jspec.generate`, and the rounds of all three share the
+    summed decode time."""
+    import jax
+
+    import jspec
+    from conftest import CharTokenizer
+    from jspec import model
+    from jspec.attention import AttnImpl
+    from jspec.config import ModelConfig
+    cfg = ModelConfig(arch="llama", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                      ffn_dim=96, rope_theta=10000.0, dtype="float32", max_position=512, eos_token_ids=())
+    m = jspec.Model(params=model.init_params(cfg, jax.random.key(5), scale=0.3), cfg=cfg, tokenizer=CharTokenizer(),
+                    path="tiny")
+    impl = AttnImpl(backend="xla")
+    texts = bench._Texts(m.tokenizer, *bench.text_sources(None))
+    prompts = [p.tokens for p in bench.make_prompts(m.tokenizer, "continue", 40, 1, texts, serial=3)]
+    records = bench.bench(m, methods=bench.split_methods("vegas:gamma=3,budget=16"), lengths=[40], batches=[1],
+                          workload="continue", new=6, reps=1, ignore_eos=True, impl=impl, serial=3,
+                          log=lambda *_: None)
+    assert [r["method"] for r in records] == ["ar", "vegas:gamma=3,budget=16"]
+    for r in records:
+        assert r["B"] == 1 and r["serial"] == 3 and len(r["kinds"]) == 3 and r["new_tokens_mean"] == 6
+        assert r["prompt_tokens_min"] == r["prompt_tokens_max"] == 40
+        assert r["rows_identical_to_ar"] == 1.0           # f32: vegas is ar's output, row by row
+    ar = records[0]
+    # 3 prompts x 5 rounds in the summed decode time (decode_s is rounded to 0.1 ms in the record)
+    assert ar["rounds_max"] == 5 and ar["round_ms"] == pytest.approx(1000 * ar["decode_s"] / 15, abs=5e-3)
+    # the rows themselves: each prompt alone through the public entry equals the serial run's row
+    out, _ = bench.run_method(m, bench.MethodSpec.parse("ar"), prompts, new=6, ignore_eos=True, reps=0, impl=impl,
+                              serial=True)
+    alone = [jspec.generate(m, [p], max_new_tokens=6, ignore_eos=True, impl=impl).tokens[0] for p in prompts]
+    assert out.tokens == alone and len({tuple(t) for t in alone}) > 1
+
+
 # ------------------------------------------------------------------------------------------------ --merge
 
-def _result(tmp_path, name, B, *, commit="c" * 40, exact=True, methods=("ar", "vegas"), complete=True):
+def _result(tmp_path, name, B, *, commit="c" * 40, exact=True, methods=("ar", "vegas"), complete=True, L=64,
+            serial=None):
     """A result file as `jspec bench --exact --exact-cost` writes it, with made-up figures for one shape."""
     recs = []
     for i, m in enumerate(methods):
         tps = 100.0 * (i + 1) * B
-        recs.append(dict(method=m, base_method=m, lookup=0, L=64, B=B, tokens_per_s=tps, speedup_vs_ar=float(i + 1),
+        recs.append(dict(method=m, base_method=m, lookup=0, L=L, B=B, tokens_per_s=tps, speedup_vs_ar=float(i + 1),
                          tau=1.0 + i, rows_identical_to_ar=1.0 if i == 0 else 0.5 + B / 128, lossless=True,
                          distinct_token_share=0.2, default_tokens_per_s=tps * 1.25,
                          exact_cost_frac=round(0.2 + 0.01 * B, 4)))
@@ -216,6 +292,8 @@ def _result(tmp_path, name, B, *, commit="c" * 40, exact=True, methods=("ar", "v
                dict(methods=list(methods), lengths=[64], batches=[B], workload="long-tasks", exact=False,
                     exact_cost=False, check_lossless=False, new_tokens=8),
                complete=complete, wall_s=10.0 + B, records=recs, peers=[], summary={})
+    if serial is not None:
+        doc["settings"]["serial"] = serial
     path = tmp_path / name
     path.write_text(json.dumps(doc))
     return str(path), recs
@@ -256,6 +334,14 @@ def test_merge_refuses_what_would_mix_runs(tmp_path, capsys):
         assert bench.main(["--merge", *paths, "--out", str(out)]) == 2
         assert msg in capsys.readouterr().err
         assert not out.exists()
+    # --serial shapes only B=1: files without B=1 may differ in it; B=1 shapes run with different counts may not
+    b16, b64 = _result(tmp_path, "s16.json", 16, serial=8)[0], _result(tmp_path, "s64.json", 64, serial=1)[0]
+    b1 = _result(tmp_path, "s1.json", 1, serial=8)[0]
+    assert bench.main(["--merge", b1, b16, b64, "--out", str(tmp_path / "s.json")]) == 0
+    assert json.load(open(tmp_path / "s.json"))["settings"]["serial"] == 8
+    other = _result(tmp_path, "s1_4.json", 1, serial=4, L=128)[0]
+    assert bench.main(["--merge", b1, other, "--out", str(tmp_path / "s2.json")]) == 2
+    assert "different --serial" in capsys.readouterr().err and not (tmp_path / "s2.json").exists()
     # a call cut by its time limit stays marked incomplete in the merge
     c, _ = _result(tmp_path, "cut.json", 64, complete=False)
     assert bench.main(["--merge", a, c, "--out", str(tmp_path / "m.json")]) == 0
