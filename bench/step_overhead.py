@@ -60,7 +60,7 @@ def summarize(bench_docs: dict, profile: dict, profile_name: str, weight_bytes: 
         context = ar["prompt_tokens_mean"] + ar["new_tokens_mean"] / 2
         floor = floor_tokens_per_s(weight_bytes, kv_bytes_per_token, B, context)
         records.append({"L": L, "B": B, "source": name, "ar_tokens_per_s": ar["tokens_per_s"],
-                        "new_tokens_mean": ar["new_tokens_mean"], "context_mean": round(context, 1),
+                        "new_tokens_mean": ar["new_tokens_mean"], "serial": ar.get("serial"), "context_mean": round(context, 1),
                         "floor_tokens_per_s": round(floor, 1), "ar_roofline_frac": round(ar["tokens_per_s"] / floor, 4),
                         "best_lossless": summ.get("best"), "best_lossless_speedup_vs_ar": summ.get("best_speedup_vs_ar"),
                         "best_without_lookup": summ.get("best_without_lookup"),
@@ -100,7 +100,9 @@ def summarize(bench_docs: dict, profile: dict, profile_name: str, weight_bytes: 
         "targets": {
             "ar_tok_s_B1": target(fig(1, "ar_tokens_per_s"), ">= 3000", (fig(1, "ar_tokens_per_s") or 0) >= 3000,
                                   src(1), f"ar, L={L}, B=1, greedy, through jspec.generate, "
-                                  f"{fig(1, 'new_tokens_mean')} new tokens per row on average"),
+                                  f"{fig(1, 'new_tokens_mean')} new tokens per row on average, "
+                                  + (f"{fig(1, 'serial')} prompts decoded one at a time (--serial)"
+                                     if fig(1, "serial") else "one prompt")),
             **{f"ar_roofline_frac_B{B}": target(frac[B], f">= {TARGETS[f'roofline_B{B}']}",
                                                 (frac[B] or 0) >= TARGETS[f"roofline_B{B}"], src(B),
                                                 f"L={L}; floor: weights + each row's cache at its mean context per "

@@ -173,6 +173,7 @@ def test_step_overhead_summary_against_hand_computed_figures():
         assert r["ar_roofline_frac"] == pytest.approx(tps / floor[B], abs=1e-4)
     t = s["targets"]
     assert s["ar_tok_s_L8000_B1"] == 4000.0 and t["ar_tok_s_B1"]["met"]
+    assert t["ar_tok_s_B1"]["condition"].endswith("200.0 new tokens per row on average, one prompt")
     assert t["ar_roofline_frac_B1"]["met"] == (4000.0 / floor[1] >= 0.30)
     assert s["kernels_per_plain_step"] == 130.0 and not t["kernels_per_plain_step"]["met"]   # the most over B
     assert s["draft_step_ms_L8000_B64"] == 0.7 and t["draft_step_ms_B64"]["met"]
@@ -180,6 +181,10 @@ def test_step_overhead_summary_against_hand_computed_figures():
     assert s["ar_speedup_vs_torch_compile_by_B"] == {1: 8.0, 16: 0.9, 64: 4.0}
     assert s["ar_speedup_vs_torch_compile_L8000_B16"] == 0.9 and not t["ar_ahead_of_torch_compile"]["met"]
     assert s["best_lossless_speedup_vs_ar_L8000_B64"] == 2.5 and t["best_lossless_speedup_B64"]["met"]
+    # a B=1 run of several prompts one at a time (`jspec bench --serial 8`) says so beside the B=1 target
+    docs["b1.json"]["records"][0]["serial"] = 8
+    _, s8 = so.summarize(docs, prof, "prof.json", W, KV)
+    assert s8["targets"]["ar_tok_s_B1"]["condition"].endswith("8 prompts decoded one at a time (--serial)")
     # a shape in two files would mix runs in its ratios: refused
     with pytest.raises(SystemExit, match="in both"):
         so.summarize({**docs, "again.json": _bench_doc(16, 1.0, 1.0, [])}, prof, "prof.json", W, KV)
