@@ -60,7 +60,8 @@ def summarize(bench_docs: dict, profile: dict, profile_name: str, weight_bytes: 
         context = ar["prompt_tokens_mean"] + ar["new_tokens_mean"] / 2
         floor = floor_tokens_per_s(weight_bytes, kv_bytes_per_token, B, context)
         records.append({"L": L, "B": B, "source": name, "ar_tokens_per_s": ar["tokens_per_s"],
-                        "new_tokens_mean": ar["new_tokens_mean"], "serial": ar.get("serial"), "context_mean": round(context, 1),
+                        "new_tokens_mean": ar["new_tokens_mean"], "serial": ar.get("serial"),
+                        "context_mean": round(context, 1),
                         "floor_tokens_per_s": round(floor, 1), "ar_roofline_frac": round(ar["tokens_per_s"] / floor, 4),
                         "best_lossless": summ.get("best"), "best_lossless_speedup_vs_ar": summ.get("best_speedup_vs_ar"),
                         "best_without_lookup": summ.get("best_without_lookup"),

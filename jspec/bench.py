@@ -29,8 +29,7 @@ records exact mode's cost, (default tokens/s - exact tokens/s) / default tokens/
 `--serial N` (B=1 shapes): N prompts decoded one after another, each alone in its batch, as one record (tokens/s
 over all of them, tau from their summed acceptance counts, identity and distinct tokens over the N rows). Every
 such prompt has L tokens (a chat prompt may have a few fewer), so one compilation serves them all; the peers run
-them alike. One prompt at
-B=1 measures one answer, which may end after a few tokens.
+them alike. One prompt at B=1 measures one answer, which may end after a few tokens.
 
 `--peers hf,hf-compile` times Hugging Face transformers on the same prompts in a separate process first
 (`jspec.peers`; needs torch). The file carries its provenance (`jspec.provenance`): a run from a tree that
@@ -273,12 +272,10 @@ def make_prompts(tok, workload: str, L: int, B: int, texts: Optional[_Texts], ch
                  serial: int = 1) -> list[Prompt]:
     """The prompts of one (L, B) shape: B rows, or at B=1 with serial > 1 that many rows of ~L tokens
     (`--serial`: decoded one at a time)."""
-    if B == 1 and serial > 1:
-        B = serial
-        if workload == "long-tasks":
-            return long_tasks(tok, texts, L, B, ragged=False)
+    one_by_one = B == 1 and serial > 1
+    B = serial if one_by_one else B
     if workload == "long-tasks":
-        return long_tasks(tok, texts, L, B)
+        return long_tasks(tok, texts, L, B, ragged=not one_by_one)
     if workload == "continue":
         return continuations(texts, L, B)
     if os.path.isdir(workload):
@@ -334,6 +331,7 @@ def serial_output(outs: list):
     import numpy as np
 
     from jspec.api import Output, Stats
+    from jspec.speculative.engine import _mean_emitted
     st = [o.stats for o in outs]
     cat = lambda field: None if getattr(st[0], field) is None else sum((getattr(s, field) for s in st), [])
     decode = sum(s.decode_s for s in st)
@@ -345,7 +343,7 @@ def serial_output(outs: list):
     if st[0].accept_hist is not None:
         hist = np.sum([s.accept_hist for s in st], axis=0)
         stats.accept_hist = hist.tolist()
-        stats.tau = float((hist * np.arange(1, len(hist) + 1)).sum() / max(hist.sum(), 1))
+        stats.tau = float(_mean_emitted(hist))
     return Output(texts=sum((o.texts for o in outs), []), tokens=rows, stats=stats)
 
 
@@ -781,8 +779,7 @@ def run(a) -> int:
     prov = provenance.record(allow_dirty=True)   # checked above; the record keeps dirty/verified as found
     settings = dict(methods=[m.label for m in methods], lengths=lengths, batches=batches, workload=a.workload,
                     texts=a.texts, new_tokens=a.new_tokens, ignore_eos=a.ignore_eos, reps=a.reps, serial=a.serial,
-                    exact=a.exact,
-                    exact_cost=a.exact_cost, check_lossless=a.check_lossless,
+                    exact=a.exact, exact_cost=a.exact_cost, check_lossless=a.check_lossless,
                     dtype=str(jax.tree.leaves(model.params)[0].dtype))
     if a.exact:   # False: this model or device falls back to the default path, and the run is not exact mode
         from jspec import layers

@@ -108,8 +108,8 @@ def test_long_tasks_are_ragged_mixed_and_within_length():
     # --serial at B=1: that many prompts, the same kinds in turn, each L tokens (a chat prompt may lose a few when
     # its text is re-tokenised; all stay in one 64-token padding bucket, so one compilation)
     serial = bench.make_prompts(tok, "long-tasks", L, 1, texts, serial=6)
-    assert all(L - 16 <= len(p.tokens) <= L for p in serial) and [p.kind for p in serial] == list(bench.KINDS) + ["summary",
-                                                                                                    "continue-code"]
+    assert all(L - 16 <= len(p.tokens) <= L for p in serial)
+    assert [p.kind for p in serial] == list(bench.KINDS) + ["summary", "continue-code"]
     assert len(bench.make_prompts(tok, "long-tasks", L, 1, texts)) == 1
     assert len(bench.make_prompts(tok, "long-tasks", L, 4, texts, serial=6)) == 4   # other B: unchanged
 
