@@ -45,8 +45,8 @@ class AttnImpl:
     `ar`'s (run with the same impl) bit for bit, whatever gamma, lookup tokens or tree shape; shown on the CPU
     in interpret mode and on an H100 (docs/methods.md, "Lossless"). Draft steps keep the default path
     (`for_drafts`): their rounding only changes what is proposed.
-    Needs the Pallas kernels (a GPU, or interpret=True) and a model the dense kernels tile (Llama-style
-    layers, no q/k/v bias or q/k norm, contraction <= 2048: `layers.exact_supported`); elsewhere the steps
+    Needs the Pallas kernels (a GPU, or interpret=True) and a model the dense kernels tile (Llama, Qwen2 or
+    Qwen3 layers with contraction <= 2048: `layers.exact_supported`); elsewhere the steps
     fall back to the default path and are not exact. The final norm and LM head run on the dense kernel too
     (f32 logits) where it tiles the head (`layers.exact_supported` requires it).
     """

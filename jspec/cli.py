@@ -346,7 +346,7 @@ def main(argv=None):
                    help="bf16 exact mode (GPU): every decode and verification step rounds each row as a one-token "
                         "step would (row-independent Pallas GEMMs, attention on the one-token step's tiles), so that "
                         "greedy tokens of any method equal `--exact` ar's bit for bit (checked on the CPU and on an "
-                        "H100); slower (docs/methods.md says by how much). Llama-style layers of width <= 2048 only")
+                        "H100); slower (docs/methods.md says by how much). Llama / Qwen2 / Qwen3 layers of width <= 2048 only")
 
 
     ga = g.add_argument_group("ablations and implementation settings (only in --help-all)")

@@ -150,11 +150,11 @@ class Fused(NamedTuple):
         return self._pad(x.reshape(M, -1)), self._pad(positions.reshape(M))
 
     def qkv(self, x, positions, p, i):
-        """RMSNorm + q/k/v GEMM + RoPE in one launch."""
+        """RMSNorm + q/k/v GEMM (+ Qwen2's biases, Qwen3's per-head norms) + RoPE in one launch."""
         cfg = self.cfg
         y = self._run(x, _flat(self.lp["wqkv"], 2), i, mode="qkv_rope", norm_w=self.lp["attn_norm"],
                       eps=cfg.norm_eps, aux=positions, inv_freq=_inv_freq(cfg), head_dim=cfg.head_dim,
-                      groups=cfg.group)
+                      groups=cfg.group, **_qkv_extras(self.lp, cfg))
         y = y[:self.B * self.T].reshape(self.B, self.T, cfg.n_kv_heads, cfg.group + 2, cfg.head_dim)
         return y[:, :, :, :cfg.group].reshape(self.B, self.T, cfg.n_heads, -1), y[:, :, :, -2], y[:, :, :, -1]
 
@@ -181,25 +181,39 @@ class Fused(NamedTuple):
 Dense = Union[Xla, Fused]
 
 
+def _qkv_extras(lp, cfg: ModelConfig) -> dict:
+    """The qkv_rope launch's optional operands for this family: `bias` [L, K*(G+2)*H] (Qwen2's bq/bk/bv in wqkv's
+    column order, per KV head its G query heads, then k, then v) and `head_norm` [L, 2, H] (Qwen3's q_norm and
+    k_norm). Built from the stacked weights once per step, for all layers."""
+    out = {}
+    if cfg.qkv_bias:
+        L, K, G, H = lp["bk"].shape[0], cfg.n_kv_heads, cfg.group, cfg.head_dim
+        b = jnp.concatenate([lp["bq"].reshape(L, K, G, H), lp["bk"][:, :, None], lp["bv"][:, :, None]], axis=2)
+        out["bias"] = b.reshape(L, -1).astype(lp["wqkv"].dtype)
+    if cfg.qk_norm:
+        out["head_norm"] = jnp.stack([lp["q_norm"], lp["k_norm"]], axis=1).astype(lp["wqkv"].dtype)
+    return out
+
+
 def for_step(params, cfg: ModelConfig, B: int, T: int, impl: AttnImpl) -> Dense:
     """The dense implementation for a step of T tokens per sequence, M = B*T in all: `Fused` where this step's
     layers can run as fused launches (M <= AttnImpl.dense_rows, or exact mode), else `Xla`.
 
-    The fused launches need a plain Llama-style layer (no q/k/v bias or q/k norm) and a shape the kernels tile
-    (rows are padded to a multiple of 16); anything else (CPU without interpret, tensor parallelism) keeps
-    XLA's path. Raises InputError for the stored weight layout (`check_layout`).
+    The fused launches cover every supported family (Llama, Qwen2's q/k/v biases, Qwen3's q/k norms) at shapes
+    the kernels tile (rows are padded to a multiple of 16); anything else (CPU without interpret, tensor
+    parallelism) keeps XLA's path. Raises InputError for the stored weight layout (`check_layout`).
     """
     check_layout(params)
     M = B * T
-    if (impl.backend == "xla" or impl.mesh is not None or (M > impl.dense_rows and not impl.exact)
-            or cfg.qkv_bias or cfg.qk_norm):
+    if impl.backend == "xla" or impl.mesh is not None or (M > impl.dense_rows and not impl.exact):
         return Xla(cfg)
     from pallas_kernels import _common, dense
     lp = params["layers"]
     try:
         _common.check_platform(impl.interpret)
         x = jax.ShapeDtypeStruct((_pad16(M), cfg.d_model), lp["wqkv"].dtype)
-        dense.check_shapes("qkv_rope", x, _flat(lp["wqkv"], 2), 0, head_dim=cfg.head_dim, groups=cfg.group)
+        dense.check_shapes("qkv_rope", x, _flat(lp["wqkv"], 2), 0, head_dim=cfg.head_dim, groups=cfg.group,
+                           **jax.eval_shape(lambda: _qkv_extras(lp, cfg)))
         dense.check_shapes("glu", x, _flat(lp["w_gu"], 2), 0)
         dense.check_shapes("residual", jax.ShapeDtypeStruct((x.shape[0], cfg.ffn_dim), x.dtype), lp["w_down"], 0)
         dense.check_shapes("residual", jax.ShapeDtypeStruct((x.shape[0], cfg.n_heads * cfg.head_dim), x.dtype),

@@ -5,7 +5,8 @@ not bandwidth-bound: at SmolLM2's B=64 draft step the four GEMMs read ~7 MB of w
 of HBM time, but each is a launch of its own, and the norms, RoPE, slices and residual adds around them are
 ~8 more small launches (profile in docs/performance.md). Here each GEMM carries its neighbours:
 
-    qkv_rope(x, norm_w, wqkv)    RMSNorm -> x @ wqkv -> RoPE on the q and k heads      [M, K*(G+2)*H]
+    qkv_rope(x, norm_w, wqkv)    RMSNorm -> x @ wqkv (+ bias) (-> per-head RMSNorm) -> RoPE on the q and k heads
+                                 [M, K*(G+2)*H]; the bias is Qwen2's, the per-head norm Qwen3's
     glu(x, norm_w, w_gu)         RMSNorm -> silu(x @ w_gate) * (x @ w_up)              [M, F]
     residual(a, w, x)            x + a @ w (f32 accumulation, rounded once)             [M, D]
     head(x, norm_w, w)           RMSNorm -> x @ w, float32 logits (exact mode's LM head) [M, V]
@@ -74,11 +75,13 @@ def _chunks(size: int, cap: int) -> list[tuple[int, int]]:
     return out
 
 
-def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, mode, eps, chunks, block_n,
-                  ncols, groups, norm, w_transposed=False):
+def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, b_ref, hn_ref, o_ref, *, mode, eps, chunks,
+                  block_n, ncols, groups, norm, w_transposed=False, bias=False, head_norm=False):
     """x_ref [bm, Kd]; nw_ref [L, Kd] norm weights (a placeholder without norm); w_ref [L, Kd, Nc]; aux_ref: the
     residual block [bm, bn] (residual), row positions [bm] (qkv_rope) or unused; inv_ref [H/2] RoPE inverse
     frequencies (qkv_rope); o_ref [bm, bn]. w_transposed: w_ref is [L, Nc, Kd] (head: a tied embedding table).
+    qkv_rope only: b_ref [L, Nc] the q/k/v biases in wqkv's column order (read when `bias`); hn_ref [L, 2, H] the
+    per-head RMSNorm weights of the q heads and of the k head (read when `head_norm`); placeholders otherwise.
 
     The program's rows are computed in SUB_ROWS-row tiles, each by the same operations (its own norm, one
     [SUB_ROWS, piece] x [piece, bn] dot per contraction piece, accumulated in piece order, its epilogue), so a
@@ -131,9 +134,21 @@ def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, o_ref, *, m
             o_ref[r, :] = acc[0]
         elif mode == "qkv_rope":
             a1, a2 = (_r(a, dt) for a in acc)
+            role = n % (groups + 2)          # < groups: a q head; groups: the k head; groups + 1: the v head
+            if bias:
+                a1 = _r(a1 + b_ref[layer, pl.ds(cols[0], half)].astype(jnp.float32)[None, :], dt)
+                a2 = _r(a2 + b_ref[layer, pl.ds(cols[1], half)].astype(jnp.float32)[None, :], dt)
+            if head_norm:   # RMSNorm over the head's H values (both halves); the v head is left as it is
+                rms = lax.rsqrt((jnp.sum(a1 * a1, axis=1) + jnp.sum(a2 * a2, axis=1)) / (2 * half) + eps)[:, None]
+                which = jnp.minimum(role // groups, 1)   # 0: q_norm, 1: k_norm (v: unused)
+                w1 = hn_ref[layer, which, pl.ds(0, half)].astype(jnp.float32)[None, :]
+                w2 = hn_ref[layer, which, pl.ds(half, half)].astype(jnp.float32)[None, :]
+                normed = role <= groups
+                a1 = jnp.where(normed, _r((a1 * rms) * w1, dt), a1)
+                a2 = jnp.where(normed, _r((a2 * rms) * w2, dt), a2)
             ang = aux_ref[r].astype(jnp.float32)[:, None] * inv_ref[...][None, :]
             cos, sin = jnp.cos(ang), jnp.sin(ang)
-            rotate = (n % (groups + 2)) <= groups      # q heads and the k head; the v head passes through
+            rotate = role <= groups      # q heads and the k head; the v head passes through
             o_ref[r, pl.ds(0, half)] = jnp.where(rotate, a1 * cos - a2 * sin, a1).astype(dt)
             o_ref[r, pl.ds(half, half)] = jnp.where(rotate, a2 * cos + a1 * sin, a2).astype(dt)
         elif mode == "glu":
@@ -166,7 +181,7 @@ def _block(size: int, cap: int) -> int:
     return 0
 
 
-def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None, w_transposed=False):
+def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None, w_transposed=False, bias=None, head_norm=None):
     """Validates a launch; NotImplementedError for shapes the kernel does not tile (callers fall back)."""
     if mode not in MODES:
         raise ValueError(f"{mode=} must be one of {MODES}")
@@ -181,9 +196,15 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None, w_transposed=
     if M % 16 or kd % 16 or kd > MAX_CONTRACTION:
         raise NotImplementedError(f"rows {M} and contraction {kd} must be multiples of 16, {kd=} <= "
                                   f"{MAX_CONTRACTION}")
+    if (bias is not None or head_norm is not None) and mode != "qkv_rope":
+        raise ValueError(f"bias and head_norm apply to mode='qkv_rope' only, got {mode=}")
     if mode == "qkv_rope":
         if head_dim not in C.SUPPORTED_HEAD_DIMS or w.shape[2] % (head_dim * (groups + 2)):
             raise NotImplementedError(f"{head_dim=} / {w.shape=} do not tile into heads of {groups}+2")
+        if bias is not None and tuple(bias.shape) != (w.shape[0], w.shape[2]):
+            raise ValueError(f"bias must be [L, Nc] = {(w.shape[0], w.shape[2])}, got {bias.shape}")
+        if head_norm is not None and tuple(head_norm.shape) != (w.shape[0], 2, head_dim):
+            raise ValueError(f"head_norm must be [L, 2, H] = {(w.shape[0], 2, head_dim)}, got {head_norm.shape}")
     elif mode == "glu":
         if w.shape[2] % 2 or not _block(w.shape[2] // 2, 32):
             raise NotImplementedError(f"gate/up columns {w.shape[2]} must be 2 x a multiple of 16")
@@ -202,8 +223,8 @@ def dense_kernel(x, w, layer, **kwargs):
 @functools.partial(jax.jit, static_argnames=("mode", "eps", "head_dim", "groups", "block_m", "block_n", "max_chunk", "num_warps",
                                              "num_stages", "interpret", "w_transposed"))
 def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
-                groups=None, block_m=None, block_n=None, max_chunk=None, num_warps=None, num_stages=1,
-                interpret=False, w_transposed=False):
+                groups=None, bias=None, head_norm=None, block_m=None, block_n=None, max_chunk=None, num_warps=None,
+                num_stages=1, interpret=False, w_transposed=False):
     """The jitted launch of `dense_kernel`.
 
     Args:
@@ -214,13 +235,17 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
       norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu, head); eps: its epsilon.
       aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.
       inv_freq: f32[H/2] RoPE inverse frequencies (qkv_rope); head_dim, groups: H and G (qkv_rope).
+      bias: optional [L, Nc] q/k/v biases in wqkv's column order, added before the head norm and RoPE (qkv_rope,
+        Qwen2); head_norm: optional [L, 2, H] RMSNorm weights of each q head and of the k head, with `eps`, after
+        the bias and before RoPE (qkv_rope, Qwen3).
       block_m: rows per program (at most; None: `_rows_per_program` with TUNED's cap); block_n: output columns per program (qkv_rope: always one head);
         max_chunk: longest contraction piece;
         num_warps, num_stages: Triton launch parameters. None: TUNED.
     Returns:
       [M, Nc] (qkv_rope, residual) or [M, Nc / 2] (glu), x.dtype; [M, Nc] float32 (head).
     """
-    check_shapes(mode, x, w, layer, head_dim=head_dim, groups=groups, w_transposed=w_transposed)
+    check_shapes(mode, x, w, layer, head_dim=head_dim, groups=groups, w_transposed=w_transposed, bias=bias,
+                 head_norm=head_norm)
     C.check_platform(interpret)
     M, kd = x.shape
     L, nc = w.shape[0], w.shape[1 if w_transposed else 2]
@@ -259,8 +284,17 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
         inv_spec = pl.BlockSpec((inv.shape[0],), lambda m, n: (0,))
     else:
         inv, inv_spec = unused((16,), jnp.float32)
+    if bias is not None:
+        b, b_spec = bias, pl.BlockSpec(bias.shape, lambda m, n: (0, 0))
+    else:
+        b, b_spec = unused((1, 16), x.dtype)
+    if head_norm is not None:
+        hn, hn_spec = head_norm, pl.BlockSpec(head_norm.shape, lambda m, n: (0, 0, 0))
+    else:
+        hn, hn_spec = unused((1, 1, 16), x.dtype)
     kernel = functools.partial(_dense_kernel, mode=mode, eps=float(eps), chunks=tuple(_chunks(kd, max_chunk)), block_n=block_n,
-                               ncols=ncols, groups=groups, norm=norm, w_transposed=w_transposed)
+                               ncols=ncols, groups=groups, norm=norm, w_transposed=w_transposed, bias=bias is not None,
+                               head_norm=head_norm is not None)
     return pl.pallas_call(
         kernel,
         grid=(M // block_m, ncols // block_n),
@@ -271,17 +305,19 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
             pl.BlockSpec(w.shape, lambda m, n: (0, 0, 0)),
             aux_spec,
             inv_spec,
+            b_spec,
+            hn_spec,
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda m, n: (m, n)),
         out_shape=jax.ShapeDtypeStruct((M, ncols), jnp.float32 if mode == "head" else x.dtype),
         compiler_params=C.BlockSizes(num_warps=num_warps, num_stages=num_stages).compiler_params(),
         interpret=interpret,
         name=f"dense_{mode}",
-    )(jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), x, nw, w, aux, inv)
+    )(jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), x, nw, w, aux, inv, b, hn)
 
 
 def dense_reference(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=None, head_dim=None,
-                    groups=None, w_transposed=False, **_):
+                    groups=None, w_transposed=False, bias=None, head_norm=None, **_):
     """The same step in float32 jnp (HIGHEST precision, no intermediate rounding): the kernels' ground truth."""
     f32 = jnp.float32
     wl = w[layer].astype(f32)
@@ -298,12 +334,18 @@ def dense_reference(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_f
         g, u = jnp.split(y, 2, axis=1)
         return (jax.nn.silu(g) * u).astype(x.dtype)
     M = x.shape[0]
+    if bias is not None:
+        y = y + bias[layer].astype(f32)[None]
     y = y.reshape(M, -1, groups + 2, head_dim)
+    roles = jnp.arange(groups + 2)[None, None, :, None]
+    if head_norm is not None:   # q heads by head_norm[layer, 0], the k head by [layer, 1], v unchanged
+        hw = jnp.where(roles < groups, head_norm[layer, 0].astype(f32), head_norm[layer, 1].astype(f32))
+        normed = y * lax.rsqrt(jnp.mean(y * y, axis=-1, keepdims=True) + eps) * hw
+        y = jnp.where(roles <= groups, normed, y)
     ang = aux.astype(f32)[:, None] * jnp.asarray(inv_freq, f32)[None, :]
     cos, sin = jnp.cos(ang)[:, None, None], jnp.sin(ang)[:, None, None]
     y1, y2 = jnp.split(y, 2, axis=-1)
     rot = jnp.concatenate([y1 * cos - y2 * sin, y2 * cos + y1 * sin], axis=-1)
-    roles = jnp.arange(groups + 2)[None, None, :, None]
     return jnp.where(roles <= groups, rot, y).reshape(M, -1).astype(x.dtype)
 
 

@@ -19,6 +19,7 @@ tree) shows here. How the GPU's MMA units and Triton's layouts round a fixed til
 every tile shape, warp count and reduction of a row the one-token step's; the GPU check is `jspec bench --exact`
 (bench/results/exact64_h100.json).
 """
+import dataclasses
 import functools
 import importlib
 
@@ -212,25 +213,27 @@ NEW, CAPACITY = 32, 320
 
 
 @functools.lru_cache(maxsize=None)
-def _setup():
-    params = model.init_params(CFG, jax.random.key(4), scale=0.3)
+def _setup(cfg=CFG):
+    params = model.init_params(cfg, jax.random.key(4), scale=0.3)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(4, CFG.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
     tokens, lengths = gen.pad_prompts(prompts, multiple=32)
     return params, jnp.asarray(tokens), jnp.asarray(lengths)
 
 
-def test_model_step_logits_do_not_depend_on_the_steps_rows():
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_model_step_logits_do_not_depend_on_the_steps_rows(arch):
     """One 7-token forward (a vegas verification's shape at gamma 6) against seven one-token forwards from the
     same cache: the logits of every row, bit for bit, on the exact path (dense kernels, exact attention and
-    head) that `layers.exact_supported` reports."""
-    params, tokens, lengths = _setup()
-    assert layers.exact_supported(params, CFG, EXACT)
-    assert not layers.exact_supported(params, CFG, AttnImpl(backend="pallas", interpret=True))
+    head) that `layers.exact_supported` reports; also with Qwen2's q/k/v biases and Qwen3's q/k norms."""
+    cfg = dataclasses.replace(CFG, arch=arch)
+    params, tokens, lengths = _setup(cfg)
+    assert layers.exact_supported(params, cfg, EXACT)
+    assert not layers.exact_supported(params, cfg, AttnImpl(backend="pallas", interpret=True))
     B = tokens.shape[0]
-    _, cache = gen.prefill(params, CFG, tokens, lengths, kv_cache.init(CFG, batch=B, capacity=CAPACITY), impl=EXACT)
-    step = jax.random.randint(jax.random.key(1), (B, 7), 4, CFG.vocab_size)
-    step_fn = jax.jit(lambda toks, c: model.forward(params, CFG, toks, c, impl=EXACT)[:2])
+    _, cache = gen.prefill(params, cfg, tokens, lengths, kv_cache.init(cfg, batch=B, capacity=CAPACITY), impl=EXACT)
+    step = jax.random.randint(jax.random.key(1), (B, 7), 4, cfg.vocab_size)
+    step_fn = jax.jit(lambda toks, c: model.forward(params, cfg, toks, c, impl=EXACT)[:2])
     full, _ = step_fn(step, cache)
     ones, c = [], cache
     for t in range(7):

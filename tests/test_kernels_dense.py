@@ -72,6 +72,41 @@ def test_rows_per_program_grow_only_while_the_launch_stays_wide():
     assert Dn._rows_per_program(80, 1536, 128) == 16   # 80 = 16 x 5: no larger power of two divides it
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("extras", ["bias", "head_norm", "both"])
+def test_qkv_rope_with_qwen_biases_and_head_norms_matches_reference(extras, dtype):
+    """qkv_rope with Qwen2's q/k/v biases and/or Qwen3's per-head q/k norms (one weight per role, a traced layer)
+    against the float32 reference, which adds the bias to every head and norms only q and k heads."""
+    x, w, kw = _case("qkv_rope", 16, dtype, 31)
+    if extras in ("bias", "both"):
+        kw["bias"] = _rnd(32, (L, K * (G + 2) * H), dtype, 0.5)
+    if extras in ("head_norm", "both"):
+        kw["head_norm"] = (1.0 + _rnd(33, (L, 2, H), jnp.float32, 0.3)).astype(dtype)
+    for layer in (0, jnp.int32(1)):
+        got = Dn.dense_kernel(x, w, layer, mode="qkv_rope", interpret=INTERPRET, **kw)
+        want = Dn.dense_reference(x, w, layer, mode="qkv_rope", **kw)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   err_msg=f"{extras} layer={layer}", **TOL[dtype])
+        plain = Dn.dense_reference(x, w, layer, mode="qkv_rope", **{k: v for k, v in kw.items()
+                                                                    if k not in ("bias", "head_norm")})
+        assert np.abs(np.asarray(want, np.float32) - np.asarray(plain, np.float32)).max() > 0.1
+
+
+def test_qkv_rope_head_norm_normalises_q_and_k_heads_only():
+    """At position 0 (RoPE the identity) each q and k head of the output has RMS = its norm weight's RMS when
+    the weight is constant, and the v heads are the plain projection."""
+    x, w, kw = _case("qkv_rope", 16, jnp.float32, 41)
+    kw["aux"] = jnp.zeros(16, jnp.int32)
+    hn = jnp.stack([jnp.full((L, H), 2.0), jnp.full((L, H), 0.5)], axis=1)
+    got = np.asarray(Dn.dense_kernel(x, w, 1, mode="qkv_rope", interpret=INTERPRET, head_norm=hn, **kw))
+    plain = np.asarray(Dn.dense_kernel(x, w, 1, mode="qkv_rope", interpret=INTERPRET, **kw))
+    heads, plain_heads = got.reshape(16, K, G + 2, H), plain.reshape(16, K, G + 2, H)
+    rms = np.sqrt(np.mean(heads ** 2, axis=-1))
+    np.testing.assert_allclose(rms[:, :, :G], 2.0, rtol=1e-3)
+    np.testing.assert_allclose(rms[:, :, G], 0.5, rtol=1e-3)
+    np.testing.assert_allclose(heads[:, :, G + 1], plain_heads[:, :, G + 1], atol=1e-6)
+
+
 def test_rope_leaves_v_heads_alone_and_rotates_q_k():
     """With every position 0 RoPE is the identity; at other positions only the q and k heads change."""
     x, w, kw = _case("qkv_rope", 16, jnp.float32, 3)
@@ -95,18 +130,27 @@ def test_unsupported_shapes_raise():
         Dn.dense_kernel(x, w, 0, mode="glu", interpret=True)
     with pytest.raises(ValueError, match="out of range"):
         Dn.dense_kernel(x, w, 2, mode="glu", interpret=True, **kw)
+    with pytest.raises(ValueError, match="qkv_rope' only"):
+        Dn.dense_kernel(x, w, 0, mode="glu", interpret=True, bias=jnp.zeros((L, 2 * F)), **kw)
+    xq, wq, kq = _case("qkv_rope", 16, jnp.float32, 5)
+    with pytest.raises(ValueError, match="bias must be"):
+        Dn.dense_kernel(xq, wq, 0, mode="qkv_rope", interpret=True, bias=jnp.zeros((L, 16)), **kq)
+    with pytest.raises(ValueError, match="head_norm must be"):
+        Dn.dense_kernel(xq, wq, 0, mode="qkv_rope", interpret=True, head_norm=jnp.zeros((L, H)), **kq)
 
 
-def _tiny():
-    return ModelConfig(arch="llama", vocab_size=96, d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=64,
+def _tiny(arch="llama"):
+    return ModelConfig(arch=arch, vocab_size=96, d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=64,
                        ffn_dim=96, dtype="float32", max_position=256)
 
 
-def test_model_dense_path_equals_xla():
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_model_dense_path_equals_xla(arch):
     """model.forward with dense_rows on (Pallas, interpret on CPU): a one-token decode step and a 5-token step
-    (with Collect-2-Query scores) give XLA's logits, scores and cache, at 16 / 80 rows and at 3 / 15 (padded)."""
-    cfg = _tiny()
-    params = model.init_params(cfg, jax.random.key(21), scale=0.3)
+    (with Collect-2-Query scores) give XLA's logits, scores and cache, at 16 / 80 rows and at 3 / 15 (padded);
+    for Llama, Qwen2 (q/k/v biases) and Qwen3 (q/k norms)."""
+    cfg = _tiny(arch)
+    params = model.init_params(cfg, jax.random.key(21), scale=0.3)   # random biases (0.3) and norms (1 +- 0.1)
     pal = AttnImpl(backend="pallas", interpret=INTERPRET, dense_rows=128)
     xla = AttnImpl(backend="xla")
     assert isinstance(layers.for_step(params, cfg, 16, 1, pal), layers.Fused)
@@ -135,8 +179,9 @@ def test_model_dense_path_is_used_only_where_it_applies():
     assert fused(params, cfg, 8, 1, on)                                         # padded to 16 rows by forward
     assert not fused(params, cfg, 64, 1, AttnImpl(backend="pallas", interpret=True))   # default off
     assert not fused(params, cfg, 64, 1, AttnImpl(backend="xla", dense_rows=64))
-    qwen2 = ModelConfig(**{**cfg.__dict__, "arch": "qwen2"})
-    assert not fused(model.init_params(qwen2, jax.random.key(0)), qwen2, 64, 1, on)   # q/k/v biases
+    for arch in ("qwen2", "qwen3"):   # q/k/v biases, q/k norms: in the fused launch too
+        other = _tiny(arch)
+        assert fused(model.init_params(other, jax.random.key(0)), other, 64, 1, on)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")  # DESIGN.md 3

@@ -146,9 +146,12 @@ def test_for_step_picks_xla_where_the_kernels_do_not_apply():
     params = model.init_params(cfg, jax.random.key(0))
     assert isinstance(layers.for_step(params, cfg, 2, 1, AttnImpl()), layers.Xla)                  # default
     assert isinstance(layers.for_step(params, cfg, 2, 1, AttnImpl(backend="xla")), layers.Xla)
-    qwen3 = tiny("qwen3")
-    assert isinstance(layers.for_step(model.init_params(qwen3, jax.random.key(0)), qwen3, 2, 1,
-                                      AttnImpl(backend="pallas", interpret=True, exact=True)), layers.Xla)
+    exact = AttnImpl(backend="pallas", interpret=True, exact=True)
+    for arch in ("llama", "qwen2", "qwen3"):   # every family's layer is fused...
+        c = tiny(arch)
+        assert isinstance(layers.for_step(model.init_params(c, jax.random.key(0)), c, 2, 1, exact), layers.Fused)
+    wide = tiny("qwen3", ffn_dim=2064)   # ...but a contraction over 2048 keeps XLA's GEMMs
+    assert isinstance(layers.for_step(model.init_params(wide, jax.random.key(0)), wide, 2, 1, exact), layers.Xla)
 
 
 def test_the_stored_layout_is_refused():
