@@ -33,6 +33,9 @@
 #                    (32K, B=16, budget 512 first; the A_T probe as jspec runs it and through XLA beside it; the
 #                    selection for each split of the tiers) -> $OUT/kernels_verify${TAG:-}_${SUF}.json; T_BUDGET:
 #                    its --time-budget (150 s)
+#   decode           bench/kernels.py --only decode: a B=1 step's launches (XLA's dense parts, the fused ones,
+#                    each fused launch and flash_scores over a grid of launch settings; issue 31) ->
+#                    $OUT/kernels_decode${TAG:-}_${SUF}.json; T_BUDGET: its --time-budget (300 s)
 #   profile          bench/profile_step.py: kernels and time per step kind -> $OUT/profile_step_${SUF}.json
 #   exactprof        where exact mode's cost goes: bench/profile_step.py (ar's step, vegas' verification, LongSpec's
 #                    tree verification; B=$EP_BATCHES, default 64,16) in the default mode, with the fused dense
@@ -93,6 +96,9 @@ for mode in "$@"; do
     vattn) timeout "${T_RUN:-200}" python3 bench/kernels.py --only verify --time-budget "${T_BUDGET:-150}" \
              --out "$OUT/kernels_verify${TAG:-}_${SUF}.json" 2>&1 | grep -v Warning \
              | tee "$OUT/kernels_verify${TAG:-}_${SUF}_log.txt" | tail -25 ;;
+    decode) timeout "${T_RUN:-400}" python3 bench/kernels.py --only decode --time-budget "${T_BUDGET:-300}" \
+             --out "$OUT/kernels_decode${TAG:-}_${SUF}.json" 2>&1 | grep -v Warning \
+             | tee "$OUT/kernels_decode${TAG:-}_${SUF}_log.txt" | tail -25 ;;
     profile) JSPEC_COMMIT=$JSPEC_COMMIT timeout "${T_RUN:-300}" python3 bench/profile_step.py --texts $C/corpus \
                --out "$OUT/profile_step_${SUF}.json" 2>&1 | grep -v Warning | tee "$OUT/profile_step_${SUF}_log.txt" | tail -25 ;;
     exactprof) for v in ${EP:-default dense exact}; do

@@ -1,7 +1,7 @@
 """How fast are the Pallas attention kernels on one GPU, against cuDNN and XLA? (docs/kernels.md, docs/performance.md)
 
     PYTHONPATH=. python bench/kernels.py --out bench/results/kernels_h200.json [--quick] [--reps 5] [--time-budget S]
-                                         [--only verify,tree,flash] [--tiny]
+                                         [--only verify,tree,flash,decode] [--tiny]
     python bench/plot_kernels.py bench/results/kernels_h200.json
 
 Shapes: SmolLM2-135M (N=9, K=3, H=64) and Llama-3-8B (N=32, K=8, H=128) attention layers, bf16 caches
@@ -38,6 +38,21 @@ of S in {8K, 32K, 128K} positions, all valid (kv_len = S), batch B in {1, 16}.
                  estimation / (32 x dense). What is left out: the lax.cond between the dense and sparse
                  branches, A_D (the drafts' own forwards produce it) and the rest of the layer (projections,
                  MLP). `--tiny` runs only this section on N=4, K=2, H=64, B=2, S=512 (interpret mode on CPU).
+  decode         What does each launch of a B=1 decode step cost, and which launch settings would make it
+                 cheaper? (issue 31: a B=1 step is ~550 launches.) SmolLM2-135M, 30 stacked layers, every part
+                 run once per layer in one program (the time is per layer):
+                   decode_xla        a layer's three dense parts (qkv: norm + q/k/v GEMM + RoPE; out: wo +
+                                     residual; mlp: norm + gate/up + SwiGLU + down + residual) as jspec's XLA
+                                     path runs them (`layers.Xla`), at M = 1 and 16 rows
+                   decode_fused      the same parts on the fused dense launches as `AttnImpl(dense_rows)` runs
+                                     them (`layers.Fused`: M = 1 padded to 16 rows, the pads included)
+                   decode_dense      each fused launch alone at 16 rows over `DECODE_DENSE_GRID` (weights as
+                                     stored [Kd, Nc] or transposed [Nc, Kd]; block_n; max_chunk; warps), the
+                                     library's launch first
+                   decode_flash      flash_scores at T=1 over 7,936 of 8,192 slots, its split combine included,
+                                     with the library's launch first, then over `DECODE_FLASH_GRID`
+                 The grids are walked in a fixed shuffled order, each launch with its share of the time left
+                 (two for flash_scores), so a time budget cut samples every grid evenly.
 Every timing: jit compiled (AOT) outside the timed region, 2 warm-up calls, then the median over `reps`
 samples of back-to-back calls (enough per sample to last >= 5 ms). A jitted call costs tens of microseconds
 of host dispatch, more than a small kernel's device time, so the verify section runs VERIFY_CALLS independent
@@ -48,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -66,7 +82,7 @@ MODELS = {"smollm2-135m": (9, 3, 64), "llama-3-8b": (32, 8, 128)}  # N, K, H
 DTYPE = jnp.bfloat16
 MEM_LIMIT = 60e9
 SUMMARY_MODEL = "llama-3-8b"
-SECTIONS = ("verify", "tree", "flash")   # --only: flash = the flash_scores and sparse section
+SECTIONS = ("verify", "tree", "flash", "decode")   # --only: flash = the flash_scores and sparse section
 
 
 def _log(msg):
@@ -503,6 +519,137 @@ def _dustin_record(dense, sparse, select, probe, meta, hm, probe_xla=None, **sha
     return rec
 
 
+# ---------------------------------------------------------------------------------------------- decode (issue 31)
+# (transposed weights, block_n, max_chunk, num_warps) for the fused dense launches (qkv_rope: block_n is a head)
+DECODE_DENSE_GRID = tuple(itertools.product((False, True), (16, 32, 64), (128, 256, 512), (1, 2, 4, 8)))
+# (block_k, num_splits, num_warps, num_stages) for flash_scores at T = 1
+DECODE_FLASH_GRID = tuple(itertools.product((32, 64, 128, 256), (8, 16, 32, 64, 128), (1, 2, 4), (1, 2, 3)))
+
+
+def _shuffled(grid, seed=0):
+    out = list(grid)
+    np.random.default_rng(seed).shuffle(out)
+    return out
+
+
+def bench_decode(run: Runner, name: str, cfg, *, S: int, valid: int, dense_grid=DECODE_DENSE_GRID,
+                 flash_grid=DECODE_FLASH_GRID, interpret: bool = False):
+    """The decode section (module docstring) for a model `name` of config `cfg` (jspec.config.ModelConfig, with
+    random weights), a cache of S slots of which `valid` are filled."""
+    from jspec import layers, model as jmodel
+    from jspec.attention import AttnImpl
+    from pallas_kernels import dense as Dn
+    from pallas_kernels.flash_scores import flash_scores_kernel
+    L, D, N, K, H, F, G = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.group
+    params = jmodel.init_params(cfg, jax.random.key(0), dtype=DTYPE)
+    lp = params["layers"]
+    shape = dict(model=name, L=L, D=D, N=N, K=K, H=H, F=F)
+    weight_bytes = {"qkv": D * K * (G + 2) * H * 2, "out": N * H * D * 2, "mlp": 3 * D * F * 2}
+
+    def parts(dense):   # part -> fn(x, positions, o), the part of every layer in turn
+        one = {"qkv": lambda x, pos, o, i: dense.qkv(x, pos, _layer(lp, i), i),
+               "out": lambda x, pos, o, i: dense.out(x, o, _layer(lp, i), i),
+               "mlp": lambda x, pos, o, i: dense.mlp(x, _layer(lp, i), i)}
+        return {part: (lambda x, pos, o, f=f: [f(x, pos, o, i) for i in range(L)]) for part, f in one.items()}
+
+    for M in (1, 16):
+        x = jax.random.normal(jax.random.key(M), (M, 1, D), DTYPE)
+        pos = jnp.full((M, 1), valid - 1, jnp.int32)
+        o = jax.random.normal(jax.random.key(M + 1), (M, 1, N, H), DTYPE)
+        runs = [("decode_xla", layers.Xla(cfg), (x, pos, o))]
+        if M == 1:   # what AttnImpl(dense_rows=16) runs: the row padded to 16
+            fused = layers.for_step(params, cfg, M, 1, AttnImpl(backend="pallas", interpret=interpret, dense_rows=16))
+            runs.append(("decode_fused", fused, (*fused.enter(x, pos), o)))
+        for kernel, dense, args in runs:
+            for part, fn in parts(dense).items():
+                run.measure(kernel, fn, args, bytes_moved=weight_bytes[part], mem=0, calls=L, part=part, M=M, **shape)
+    # each fused launch alone, 16 rows; the time left is shared out: one share per launch, two for flash_scores
+    end, shares = run.deadline, [1, 1, 1, 1, 2]
+
+    def next_share():
+        now = time.time()
+        run.deadline = now + max(0.0, end - now) * shares[0] / sum(shares)
+        shares.pop(0)
+
+    weights = {"qkv_rope": layers._flat(lp["wqkv"], 2), "glu": layers._flat(lp["w_gu"], 2),
+               "residual_o": layers._flat(lp["wo"], 1, 3), "residual_down": lp["w_down"]}
+    for name, w in weights.items():
+        mode = "residual" if name.startswith("residual") else name
+        kd, nc = w.shape[1:]
+        x = jax.random.normal(jax.random.key(7), (16, kd), DTYPE)
+        aux = (jnp.arange(16, dtype=jnp.int32) + valid - 16 if mode == "qkv_rope" else
+               jax.random.normal(jax.random.key(8), (16, nc), DTYPE) if mode == "residual" else None)
+        wt = jnp.swapaxes(w, 1, 2) + 0
+        nw = {"qkv_rope": lp["attn_norm"], "glu": lp["mlp_norm"]}.get(mode)
+        base = dict(mode=mode, norm_w=nw, eps=cfg.norm_eps, interpret=interpret)
+        if mode == "qkv_rope":
+            base.update(inv_freq=layers._inv_freq(cfg), head_dim=H, groups=G)
+        launches = [None] + [g for g in _shuffled(dense_grid) if mode != "qkv_rope" or g[1] == H]
+        next_share()
+        for launch in launches:
+            kw = dict(base)
+            tr = False
+            if launch is not None:
+                tr, bn, mc, nwarps = launch
+                kw.update(block_n=bn, max_chunk=mc, num_warps=nwarps, block_m=16, w_transposed=tr)
+            fn = (lambda x, w, aux, kw=kw: [Dn._dense_call(x, w, i, aux=aux, **kw) for i in range(L)])
+            fields = dict(launch="library") if launch is None else dict(
+                launch="grid", transposed=tr, block_n=kw["block_n"], max_chunk=kw["max_chunk"],
+                num_warps=kw["num_warps"])
+            run.measure("decode_dense", fn, (x, wt if tr else w, aux), bytes_moved=kd * nc * 2, mem=0, calls=L,
+                        part=name, M=16, **fields, **shape)
+    # flash_scores at T = 1
+    k_all = jax.random.normal(jax.random.key(11), (L, 1, S, K, H), DTYPE)
+    v_all = jax.random.normal(jax.random.key(12), (L, 1, S, K, H), DTYPE)
+    q = jax.random.normal(jax.random.key(13), (1, 1, N, H), DTYPE)
+    kv_len = jnp.array([valid], jnp.int32)
+    next_share()
+    for launch in [None] + _shuffled(flash_grid):
+        if launch is not None and S // launch[0] < launch[1]:
+            continue
+        bs = None if launch is None else pk.BlockSizes(block_m=16, block_k=launch[0], num_splits=launch[1],
+                                                       num_warps=launch[2], num_stages=launch[3])
+        fn = (lambda q, k, v, n, bs=bs: [flash_scores_kernel(q, k, v, n, layer=i, block_sizes=bs,
+                                                             interpret=interpret)[0] for i in range(L)])
+        fields = dict(launch="library") if bs is None else dict(
+            launch="grid", block_k=bs.block_k, num_splits=bs.num_splits, num_warps=bs.num_warps,
+            num_stages=bs.num_stages)
+        run.measure("decode_flash", fn, (q, k_all, v_all, kv_len), bytes_moved=2 * valid * K * H * 2, mem=0,
+                    calls=L, B=1, S=S, T=1, valid=valid, **fields, **shape)
+    run.deadline = end
+
+
+def decode_model():
+    """SmolLM2-135M's shapes (the model the decode section is about)."""
+    from jspec.config import ModelConfig
+    return ModelConfig(arch="llama", vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                       head_dim=64, ffn_dim=1536, rope_theta=100000.0, dtype="bfloat16", max_position=8192)
+
+
+def _layer(lp, i):
+    return {k: v[i] for k, v in lp.items()}
+
+
+def decode_summary(records) -> dict:
+    """Per part: XLA's and the fused path's us per layer; per launch: the library's and the grid's best."""
+    out = {}
+    for r in records:
+        if "time_ms" not in r:
+            continue
+        us = round(r["time_ms"] * 1e3, 2)
+        if r["kernel"] in ("decode_xla", "decode_fused"):
+            out[f"{r['kernel']}_{r['part']}_M{r['M']}_us"] = us
+        elif r["kernel"] in ("decode_dense", "decode_flash"):
+            key = f"{r['kernel']}_{r.get('part', 'attention')}"
+            if r["launch"] == "library":
+                out[key + "_library_us"] = us
+            elif us < out.get(key + "_best_us", float("inf")):
+                out[key + "_best_us"] = us
+                out[key + "_best"] = {k: r[k] for k in ("transposed", "block_n", "max_chunk", "num_warps",
+                                                         "block_k", "num_splits", "num_stages") if k in r}
+    return out
+
+
 def hbm_copy_gbps(reps) -> float | None:
     """Measured device copy bandwidth (read + write of a 4 GB buffer)."""
     try:
@@ -588,6 +735,7 @@ def summarize(records, copy_gbps):
         s["flash_vs_cudnn_time_ratio"] = {f"{r['model']} B={r['B']} S={r['S']} T={r['T']}":
                                           round(f["time_ms"] / r["time_ms"], 3) for r, f in cud if f}
     s.update(verify_summary(records, SUMMARY_MODEL, 16, 32768))
+    s.update(decode_summary(records))
     s["errors"] = sum("error" in r for r in records)
     return s
 
@@ -624,6 +772,9 @@ def main():
                 bench_flash_and_sparse(run, model, 1, 8192, budgets=(0.05,), Ts=(5,), with_baselines=True)
         if "verify" in only:
             bench_verify(run, "llama-3-8b", 1, 8192, budgets=(512,), heads_variants=("srh4",), interpret=interpret)
+        if "decode" in only:
+            bench_decode(run, "smollm2-135m", decode_model(), S=8192, valid=7936, dense_grid=DECODE_DENSE_GRID[:2],
+                         flash_grid=DECODE_FLASH_GRID[:2])
     else:
         copy = hbm_copy_gbps(args.reps)
         _log(f"HBM copy bandwidth: {copy} GB/s")
@@ -641,6 +792,8 @@ def main():
                     for B in (16, 1):
                         bench_flash_and_sparse(run, model, B, S, budgets=(0.01, 0.05, 0.10), Ts=(1, 5),
                                                with_baselines=True)
+        if "decode" in only:
+            bench_decode(run, "smollm2-135m", decode_model(), S=8192, valid=7936)
         if "verify" in only:   # the other lengths and B = 1 after everything else
             for S, B in ((131072, 16), (8192, 16), (32768, 1)):
                 bench_verify(run, "llama-3-8b", B, S, budgets=(512,), heads_variants=VERIFY_HEADS)

@@ -79,7 +79,8 @@ def _dense_kernel(layer_ref, x_ref, nw_ref, w_ref, aux_ref, inv_ref, b_ref, hn_r
                   block_n, ncols, groups, norm, w_transposed=False, bias=False, head_norm=False):
     """x_ref [bm, Kd]; nw_ref [L, Kd] norm weights (a placeholder without norm); w_ref [L, Kd, Nc]; aux_ref: the
     residual block [bm, bn] (residual), row positions [bm] (qkv_rope) or unused; inv_ref [H/2] RoPE inverse
-    frequencies (qkv_rope); o_ref [bm, bn]. w_transposed: w_ref is [L, Nc, Kd] (head: a tied embedding table).
+    frequencies (qkv_rope); o_ref [bm, bn]. w_transposed: w_ref is [L, Nc, Kd] (the head's tied embedding table;
+    any mode, for bench/kernels.py's comparison of the two weight orientations).
     qkv_rope only: b_ref [L, Nc] the q/k/v biases in wqkv's column order (read when `bias`); hn_ref [L, 2, H] the
     per-head RMSNorm weights of the q heads and of the k head (read when `head_norm`); placeholders otherwise.
 
@@ -187,29 +188,28 @@ def check_shapes(mode, x, w, layer, *, head_dim=None, groups=None, w_transposed=
         raise ValueError(f"{mode=} must be one of {MODES}")
     if x.ndim != 2 or w.ndim != 3:
         raise ValueError(f"expected x [M, Kd] and stacked w [L, Kd, Nc], got {x.shape=} {w.shape=}")
-    if w_transposed and mode != "head":
-        raise ValueError(f"w_transposed applies to mode='head' only, got {mode=}")
     if x.shape[1] != w.shape[2 if w_transposed else 1]:
         raise ValueError(f"contraction mismatch: {x.shape=} {w.shape=}")
     C.check_layer(w, layer)
     M, kd = x.shape
+    nc = w.shape[1 if w_transposed else 2]
     if M % 16 or kd % 16 or kd > MAX_CONTRACTION:
         raise NotImplementedError(f"rows {M} and contraction {kd} must be multiples of 16, {kd=} <= "
                                   f"{MAX_CONTRACTION}")
     if (bias is not None or head_norm is not None) and mode != "qkv_rope":
         raise ValueError(f"bias and head_norm apply to mode='qkv_rope' only, got {mode=}")
     if mode == "qkv_rope":
-        if head_dim not in C.SUPPORTED_HEAD_DIMS or w.shape[2] % (head_dim * (groups + 2)):
+        if head_dim not in C.SUPPORTED_HEAD_DIMS or nc % (head_dim * (groups + 2)):
             raise NotImplementedError(f"{head_dim=} / {w.shape=} do not tile into heads of {groups}+2")
-        if bias is not None and tuple(bias.shape) != (w.shape[0], w.shape[2]):
-            raise ValueError(f"bias must be [L, Nc] = {(w.shape[0], w.shape[2])}, got {bias.shape}")
+        if bias is not None and tuple(bias.shape) != (w.shape[0], nc):
+            raise ValueError(f"bias must be [L, Nc] = {(w.shape[0], nc)}, got {bias.shape}")
         if head_norm is not None and tuple(head_norm.shape) != (w.shape[0], 2, head_dim):
             raise ValueError(f"head_norm must be [L, 2, H] = {(w.shape[0], 2, head_dim)}, got {head_norm.shape}")
     elif mode == "glu":
-        if w.shape[2] % 2 or not _block(w.shape[2] // 2, 32):
-            raise NotImplementedError(f"gate/up columns {w.shape[2]} must be 2 x a multiple of 16")
-    elif not _block(w.shape[1 if w_transposed else 2], 32):
-        raise NotImplementedError(f"columns {w.shape[1 if w_transposed else 2]} must be a multiple of 16")
+        if nc % 2 or not _block(nc // 2, 32):
+            raise NotImplementedError(f"gate/up columns {nc} must be 2 x a multiple of 16")
+    elif not _block(nc, 32):
+        raise NotImplementedError(f"columns {nc} must be a multiple of 16")
     if x.dtype not in C.SUPPORTED_DTYPES or w.dtype != x.dtype:
         raise NotImplementedError(f"x / w dtypes {x.dtype} / {w.dtype} must match and be bf16, f16 or f32")
 
@@ -230,7 +230,8 @@ def _dense_call(x, w, layer, *, mode, norm_w=None, eps=1e-5, aux=None, inv_freq=
     Args:
       x: [M, Kd] activations (the residual stream for qkv_rope / glu; attention output or SwiGLU for residual).
       w: [L, Kd, Nc] stacked weights (qkv_rope: the fused [L, D, K*(G+2)*H]; glu: [L, D, 2F], gate then up;
-        residual: [L, Kd, D]; head: [1, D, V], or the tied embedding [1, V, D] with w_transposed); layer: int
+        residual: [L, Kd, D]; head: [1, D, V]; with w_transposed each as [L, Nc, Kd], e.g. the tied embedding
+        [1, V, D]); layer: int
         or traced int32 scalar.
       norm_w: [L, Kd] RMSNorm weights (qkv_rope, glu, head); eps: its epsilon.
       aux: residual: the stream [M, D] to add to; qkv_rope: int32[M] RoPE positions.

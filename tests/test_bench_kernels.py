@@ -1,6 +1,7 @@
 """bench/kernels.py's verify section (Dustin's verification attention vs dense, issue 30 part 8b) on tiny shapes:
 the records it writes and that it times the right thing (the sparse attention over a budget covering the cache is
-the dense attention; the probe is the A_T estimate; the selection fills the budget). CPU: interpret mode, ~15 s."""
+the dense attention; the probe is the A_T estimate; the selection fills the budget); and its decode section
+(issue 31: a B=1 step's launches) on a tiny model. CPU: interpret mode, ~15 s each."""
 import os
 import sys
 
@@ -124,3 +125,37 @@ def test_instances_in_one_program_are_independent_calls():
             for g, w in zip(jax.tree.leaves(got[c]), jax.tree.leaves(want)):
                 np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
         assert not np.array_equal(np.asarray(args[0][0]), np.asarray(args[0][1]))
+
+
+def test_decode_section_records():
+    """Every part through XLA (1 and 16 rows) and the fused path (1 row), each fused launch with the library's
+    settings then the grid's (transposed weights included), flash_scores likewise; the summary names the best."""
+    from jspec.config import ModelConfig
+    cfg = ModelConfig(arch="llama", vocab_size=64, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=64,
+                      ffn_dim=64, dtype="bfloat16", max_position=512)
+    run = kernels.Runner(reps=1, time_budget_s=300)
+    dense_grid = ((True, 32, 64, 2), (False, 64, 128, 4))
+    flash_grid = ((64, 2, 2, 1), (128, 4, 1, 2))    # the second asks more splits than 256 / 128 key tiles: skipped
+    kernels.bench_decode(run, "tiny", cfg, S=256, valid=200, dense_grid=dense_grid, flash_grid=flash_grid,
+                         interpret=INTERPRET)
+    recs = run.records
+    assert not [r for r in recs if "time_ms" not in r], [r for r in recs if "time_ms" not in r]
+    got = {(r["kernel"], r.get("part"), r.get("M")) for r in recs if r["kernel"] in ("decode_xla", "decode_fused")}
+    assert got == {("decode_xla", p, M) for p in ("qkv", "out", "mlp") for M in (1, 16)} | \
+        {("decode_fused", p, 1) for p in ("qkv", "out", "mlp")}
+    dense = [r for r in recs if r["kernel"] == "decode_dense"]
+    for part in ("qkv_rope", "glu", "residual_o", "residual_down"):
+        mine = [r for r in dense if r["part"] == part]
+        assert mine[0]["launch"] == "library"
+        # qkv_rope's programs are one head each: only grid entries of block_n = H apply
+        want = [(False, 64, 128, 4)] if part == "qkv_rope" else sorted(dense_grid)
+        assert sorted((r["transposed"], r["block_n"], r["max_chunk"], r["num_warps"]) for r in mine[1:]) == want
+    flash = [r for r in recs if r["kernel"] == "decode_flash"]
+    assert [r["launch"] for r in flash] == ["library", "grid"] and flash[1]["num_splits"] == 2
+    assert all(r["time_ms"] > 0 and r["calls_per_program"] == cfg.n_layers for r in recs)
+    s = kernels.decode_summary(recs)
+    assert s["decode_flash_attention_best"] == {"block_k": 64, "num_splits": 2, "num_warps": 2, "num_stages": 1}
+    glu = [r for r in dense if r["part"] == "glu"]
+    assert s["decode_dense_glu_best_us"] == min(round(r["time_ms"] * 1e3, 2) for r in glu[1:])
+    assert s["decode_dense_glu_library_us"] == round(glu[0]["time_ms"] * 1e3, 2)
+    assert s["decode_xla_mlp_M1_us"] > 0 and s["decode_fused_qkv_M1_us"] > 0

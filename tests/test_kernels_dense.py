@@ -210,3 +210,25 @@ def test_lowers_to_triton_at_smollm2_shapes(M):
                                    aux=next(it) if has_aux else None, **kw)
         hlo = lower_for_cuda(fn, *args)
         assert triton_calls(hlo, f"dense_{mode}") == 1, mode
+    # Qwen2's biases with Qwen3's head norms, and a weight read transposed (bench/kernels.py's decode section)
+    x, w, nw, pos = cases["qkv_rope"]
+    extras = (sd((30, 960), bf), sd((30, 2, 64), bf))
+    hlo = lower_for_cuda(lambda x, w, nw, pos, b, hn: Dn.dense_kernel(
+        x, w, 7, mode="qkv_rope", norm_w=nw, aux=pos, inv_freq=inv, head_dim=64, groups=3, bias=b, head_norm=hn),
+        x, w, nw, pos, *extras)
+    assert triton_calls(hlo, "dense_qkv_rope") == 1
+    x, _, nw, _ = cases["glu"]
+    hlo = lower_for_cuda(lambda x, w, nw: Dn.dense_kernel(x, w, 7, mode="glu", norm_w=nw, w_transposed=True),
+                         x, sd((30, 3072, 576), bf), nw)
+    assert triton_calls(hlo, "dense_glu") == 1
+
+
+@pytest.mark.parametrize("mode", ["qkv_rope", "glu", "residual"])
+def test_a_transposed_weight_gives_the_same_bits(mode):
+    """w_transposed reads the same weight as [L, Nc, Kd]: the same result, bit for bit (the dots see the same
+    values in the same order; only the loads differ)."""
+    x, w, kw = _case(mode, 16, jnp.bfloat16, 61)
+    want = np.asarray(Dn.dense_kernel(x, w, 1, mode=mode, interpret=INTERPRET, **kw))
+    got = np.asarray(Dn.dense_kernel(x, jnp.swapaxes(w, 1, 2), 1, mode=mode, interpret=INTERPRET, w_transposed=True,
+                                     **kw))
+    np.testing.assert_array_equal(got, want)
