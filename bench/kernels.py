@@ -573,8 +573,8 @@ def bench_decode(run: Runner, name: str, cfg, *, S: int, valid: int, dense_grid=
 
     weights = {"qkv_rope": layers._flat(lp["wqkv"], 2), "glu": layers._flat(lp["w_gu"], 2),
                "residual_o": layers._flat(lp["wo"], 1, 3), "residual_down": lp["w_down"]}
-    for name, w in weights.items():
-        mode = "residual" if name.startswith("residual") else name
+    for part, w in weights.items():   # (`part`, not `name`: that is the model's)
+        mode = "residual" if part.startswith("residual") else part
         kd, nc = w.shape[1:]
         x = jax.random.normal(jax.random.key(7), (16, kd), DTYPE)
         aux = (jnp.arange(16, dtype=jnp.int32) + valid - 16 if mode == "qkv_rope" else
@@ -597,7 +597,7 @@ def bench_decode(run: Runner, name: str, cfg, *, S: int, valid: int, dense_grid=
                 launch="grid", transposed=tr, block_n=kw["block_n"], max_chunk=kw["max_chunk"],
                 num_warps=kw["num_warps"])
             run.measure("decode_dense", fn, (x, wt if tr else w, aux), bytes_moved=kd * nc * 2, mem=0, calls=L,
-                        part=name, M=16, **fields, **shape)
+                        part=part, M=16, **fields, **shape)
     # flash_scores at T = 1
     k_all = jax.random.normal(jax.random.key(11), (L, 1, S, K, H), DTYPE)
     v_all = jax.random.normal(jax.random.key(12), (L, 1, S, K, H), DTYPE)
